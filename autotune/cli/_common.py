@@ -1,0 +1,58 @@
+"""What every command shares: the error boundary, the debug switch, JSON output."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+
+from autotune._errors import AutotuneError
+
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def debug_enabled() -> bool:
+    """Whether tracebacks should be shown (``autotune --debug`` or AUTOTUNE_DEBUG=1)."""
+    return os.environ.get("AUTOTUNE_DEBUG", "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn :class:`AutotuneError` into one stderr line and exit status 2.
+
+    Any other exception is a bug in autotune: it also gets one line (its type
+    and message) and exit status 1, with the traceback under ``--debug``.
+    """
+    try:
+        yield
+    except AutotuneError as exc:
+        if debug_enabled():
+            raise
+        err_console.print(f"autotune: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err_console.print("autotune: interrupted", markup=False)
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if debug_enabled():
+            raise
+        err_console.print(
+            f"autotune: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1) from None
+
+
+def print_json(record: BaseModel) -> None:
+    """Print a record as JSON on stdout, with nothing else there."""
+    sys.stdout.write(record.model_dump_json(indent=2) + "\n")
+    sys.stdout.flush()
