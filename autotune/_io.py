@@ -21,21 +21,34 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     A reader never sees a half-written file, and an error leaves any earlier
     file at ``path`` untouched.
     """
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically, as :func:`atomic_write_text` does for text."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise AutotuneError(f"{target}: directory {directory} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        # mkstemp creates 0600; give the file the mode a plain open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def write_record(path: str | os.PathLike[str], record: BaseModel) -> Path:
@@ -67,4 +80,6 @@ def read_record(path: str | os.PathLike[str], model: type[RecordT], what: str) -
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise AutotuneError(f"{source}: not a valid {what}: field {field}: {first['msg']}") from None
+        raise AutotuneError(
+            f"{source}: not a valid {what}: field {field}: {first['msg']}"
+        ) from None

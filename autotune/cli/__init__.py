@@ -11,6 +11,7 @@ import typer
 
 from autotune import __version__
 from autotune.cli import config as _config
+from autotune.cli import confirm as _confirm
 from autotune.cli import estimate as _estimate
 from autotune.cli import profile as _profile
 from autotune.cli import report as _report
@@ -43,7 +44,7 @@ def _root(
         os.environ["AUTOTUNE_DEBUG"] = "1"
 
 
-for _module in (_profile, _estimate, _suggest, _config, _tune, _report):
+for _module in (_profile, _estimate, _suggest, _confirm, _config, _tune, _report):
     _module.register(app)
 
 

@@ -1,9 +1,156 @@
-"""`autotune config`: not yet implemented (placeholder registered so the CLI imports)."""
+"""`autotune config`: write the DeepSpeed config for a recommendation or a plan, atomically."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from autotune._errors import AutotuneError
+from autotune.cli._common import console, err_console, user_errors
+
+FRAMEWORKS = ("torch", "deepspeed", "hf_trainer", "accelerate")
+
+
+def config(
+    recommendation: Path | None = typer.Argument(
+        None, help="A recommendation.json (from `autotune tune`), or a tune record holding one."
+    ),
+    plan: str | None = typer.Option(
+        None,
+        "--plan",
+        help='Plan knobs instead of a recommendation, e.g. "stage=2,mb=4,ga=8,precision=bf16".',
+    ),
+    world_size: int | None = typer.Option(
+        None, "--world-size", min=1, help="Data-parallel ranks; default: the plan's gpus x nodes."
+    ),
+    base: Path | None = typer.Option(
+        None,
+        "--base",
+        help="Your DeepSpeed config to merge into: its keys are kept, conflicts refused.",
+    ),
+    hf_auto: bool = typer.Option(
+        False, "--hf-auto", help='Write "auto" where the HF Trainer / Accelerate fill values.'
+    ),
+    nvme_path: str | None = typer.Option(None, "--nvme-path", help="Directory for NVMe offload."),
+    profile: Path | None = typer.Option(
+        None, "--profile", help="A profile.json: refuse a 16-bit type its device does not support."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Write the config here (atomically); without it, print it."
+    ),
+    framework: str = typer.Option(
+        "deepspeed", "--framework", help=f"Code changes to show: {', '.join(FRAMEWORKS)}."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print only the config JSON on stdout."),
+) -> None:
+    """Write a ready DeepSpeed config, checked by DeepSpeed itself when it is installed."""
+    with user_errors():
+        from autotune._io import atomic_write_text
+        from autotune.dsconfig import deepspeed_config
+        from autotune.recommend import code_changes_for
+
+        if framework not in FRAMEWORKS:
+            raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+        rec = _load_source(recommendation, plan)
+        capabilities = _capabilities(profile) if profile else rec.capabilities
+        result = deepspeed_config(
+            rec,
+            world_size=world_size,
+            base=_load_base(base) if base else None,
+            hf_auto=hf_auto,
+            nvme_path=nvme_path,
+            capabilities=capabilities,
+        )
+        text = json.dumps(result, indent=2) + "\n"
+        if out is not None:
+            atomic_write_text(out, text)
+        if as_json or out is None:
+            sys.stdout.write(text)
+            return
+        changes = rec.code_changes or code_changes_for(rec.plan)
+        _render_summary(out, rec.plan.describe(), result, changes, framework)
+
+
+def _load_source(path: Path | None, plan_text: str | None) -> Any:
+    from pydantic import ValidationError
+
+    from autotune.plan import parse_plan
+    from autotune.recommend import Recommendation
+
+    if (path is None) == (plan_text is None):
+        raise AutotuneError("give a RECOMMENDATION.json or --plan KNOBS (exactly one)")
+    if plan_text is not None:
+        return Recommendation(source="plan", plan=parse_plan(plan_text))
+    assert path is not None
+    data = _load_json(path, "recommendation")
+    if isinstance(data, dict) and isinstance(data.get("recommendation"), dict):
+        data = data["recommendation"]  # a tune record: its recommendation is what counts
+    try:
+        return Recommendation.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise AutotuneError(
+            f"{path}: not a valid recommendation: field {field}: {first['msg']}"
+        ) from None
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AutotuneError(f"{path}: no such {what} file") from None
+    except OSError as exc:
+        raise AutotuneError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise AutotuneError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def _load_base(path: Path) -> dict[str, Any]:
+    data = _load_json(path, "DeepSpeed config")
+    if not isinstance(data, dict):
+        raise AutotuneError(
+            f"{path}: a DeepSpeed config must be a JSON object, not {type(data).__name__}"
+        )
+    return data
+
+
+def _capabilities(path: Path) -> Any:
+    from autotune._io import read_record
+    from autotune.records import ProfileRecord
+
+    return read_record(path, ProfileRecord, "profile").environment.capabilities
+
+
+def _render_summary(
+    out: Path, plan: str, result: dict[str, Any], changes: list[Any], framework: str
+) -> None:
+    zero = result.get("zero_optimization", {})
+    console.print(f"wrote {out}  (plan {plan})", markup=False, soft_wrap=True)
+    console.print(
+        f"  train_batch_size {result.get('train_batch_size')} = micro-batch "
+        f"{result.get('train_micro_batch_size_per_gpu')} x accumulation "
+        f"{result.get('gradient_accumulation_steps')} x world size; ZeRO stage {zero.get('stage', 0)}",
+        markup=False,
+        soft_wrap=True,
+    )
+    for change in changes:
+        lines = getattr(change, framework)
+        if lines:
+            console.print(f"\n# {change.what} ({framework}):", markup=False, soft_wrap=True)
+            shown = lines.replace('"ds_config.json"', json.dumps(str(out)))
+            console.print(shown, markup=False, soft_wrap=True)
+    err_console.print(
+        "(code changes travel beside the config: it cannot carry them)",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:
     """Add this command to the root app."""
+    app.command("config")(config)

@@ -1,9 +1,359 @@
-"""`autotune estimate`: not yet implemented (placeholder registered so the CLI imports)."""
+"""`autotune estimate`: predict memory, fit, step time and communication of plans before running them."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+from rich.table import Table
+
+from autotune._errors import AutotuneError
+from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.plan import Plan, parse_plan
+from autotune.units import format_bytes, format_count, parse_bytes, parse_count
+
+if TYPE_CHECKING:
+    from autotune.estimate import EstimateRecord, ModelFacts
+    from autotune.records import ProfileRecord
+
+_PLAN_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
+
+
+class _Precision(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class _Switch(StrEnum):
+    off = "off"
+    on = "on"
+
+
+def estimate_command(
+    model: Path | None = typer.Argument(
+        None, help="The model file (omit with --hf-config or --profile)."
+    ),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", "-b", min=1, help="Micro-batch per device."
+    ),
+    seq_len: int | None = typer.Option(
+        None, "--seq-len", min=1, help="Tokens per sample (--hf-config)."
+    ),
+    hf_config: Path | None = typer.Option(
+        None, "--hf-config", help="A local transformers config.json."
+    ),
+    profiles: list[Path] = typer.Option(
+        [],
+        "--profile",
+        help="A profile record: measured figures. Repeat with profiles that differ in batch "
+        "size or checkpointing only, to fit fixed vs per-sample time and the recompute cost.",
+    ),
+    precision: _Precision | None = typer.Option(None, "--precision", help="As autotune profile."),
+    checkpointing: _Switch | None = typer.Option(
+        None, "--checkpointing", help="As autotune profile."
+    ),
+    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Devices on one node."),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", min=1, help="Devices per node (with --nodes)."
+    ),
+    nodes: int | None = typer.Option(None, "--nodes", min=1, help="Nodes (default 1)."),
+    device_memory: str | None = typer.Option(
+        None, "--device-memory", help="Per device, e.g. 80GB."
+    ),
+    margin: float = typer.Option(
+        0.10, "--margin", min=0.0, max=0.9, help="Share of memory kept free."
+    ),
+    intra_gbps: float | None = typer.Option(
+        None, "--intra-gbps", min=0.0, help="Gbit/s in a node."
+    ),
+    inter_gbps: float | None = typer.Option(
+        None, "--inter-gbps", min=0.0, help="Gbit/s between nodes."
+    ),
+    plan: list[str] = typer.Option(
+        [], "--plan", help="Knobs, e.g. stage=2,mb=4,ckpt=12 (repeatable)."
+    ),
+    all_plans: bool = typer.Option(
+        False, "--all-plans", help="A grid of precision x stage x ckpt x mb."
+    ),
+    train_tokens: str | None = typer.Option(
+        None, "--train-tokens", help="Token budget, e.g. 300B."
+    ),
+    mfu: float | None = typer.Option(None, "--mfu", min=0.0, max=1.0, help="Assumed MFU for days."),
+    peak_tflops: float | None = typer.Option(None, "--peak-tflops", min=0.0, help="Device peak."),
+    check: str | None = typer.Option(
+        None, "--check", help='e.g. "stage=3,world_size=8,memory=3GB".'
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print only the JSON record on stdout."),
+) -> None:
+    """Predict per-device memory, fit, relative step time and communication of plans.
+
+    Without --plan or --all-plans: the plan `autotune profile` runs with the same
+    options. Activation figures come from --profile (measured) or a trace of MODEL
+    or --hf-config on fake tensors (no memory allocated, nothing downloaded).
+    """
+    with user_errors():
+        profile = profiles[0] if profiles else None
+        base, ckpt_all = _base_plan(batch_size, precision, checkpointing, profile)
+        base = _with_devices(base, world_size, gpus_per_node, nodes)
+        facts = _facts(
+            model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans)
+        )
+        if ckpt_all:
+            base = base.with_changes(checkpoint_blocks=facts.num_layers)
+        from autotune.estimate import estimate
+
+        record = estimate(
+            facts,
+            _plans(facts, base, plan, all_plans),
+            reference=base,
+            device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
+            intra_gbps=intra_gbps,
+            inter_gbps=inter_gbps,
+            margin=margin,
+            train_tokens=parse_count(train_tokens, "--train-tokens") if train_tokens else None,
+            mfu=mfu,
+            peak_flops=peak_tflops * 1e12 if peak_tflops else None,
+            claim=_claim(check, base) if check else None,
+        )
+        if as_json:
+            print_json(record)
+        else:
+            console.print(render(record))
+            for line in _footer(record):
+                console.print(line, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add this command to the root app."""
+    app.command("estimate")(estimate_command)
+
+
+def _base_plan(
+    batch_size: int | None,
+    precision: _Precision | None,
+    checkpointing: _Switch | None,
+    profile: Path | None,
+) -> tuple[Plan, bool]:
+    """The plan ``autotune profile`` runs with these options (the profile's own with --profile),
+    and whether every block is checkpointed (L is known only once the model is).
+    """
+    values: dict[str, object] = {"precision": "fp32", "micro_batch": 1}
+    ckpt_all = False
+    if profile is not None:
+        cfg = _read_profile(profile).config
+        values.update(precision=_PLAN_PRECISION[cfg.precision], micro_batch=cfg.batch_size)
+        ckpt_all = cfg.checkpointing
+    elif batch_size is None:
+        raise AutotuneError("--batch-size: required (or give --profile)")
+    if batch_size is not None:
+        values["micro_batch"] = batch_size
+    if precision is not None:
+        values["precision"] = _PLAN_PRECISION[precision.value]
+    if checkpointing is not None:
+        ckpt_all = checkpointing is _Switch.on
+    return Plan.model_validate(values), ckpt_all
+
+
+def _with_devices(
+    base: Plan, world_size: int | None, gpus_per_node: int | None, nodes: int | None
+) -> Plan:
+    if world_size is not None and (gpus_per_node is not None or nodes is not None):
+        raise AutotuneError("--world-size: give it or --gpus-per-node/--nodes, not both")
+    return base.with_changes(gpus_per_node=world_size or gpus_per_node or 1, nodes=nodes or 1)
+
+
+def _read_profile(path: Path) -> ProfileRecord:
+    from autotune._io import read_record
+    from autotune.records import ProfileRecord
+
+    return read_record(path, ProfileRecord, "profile")
+
+
+def _needed_precisions(base: Plan, plans: list[str], all_plans: bool) -> tuple[str, ...]:
+    """Precisions whose activations must be traced: the base plan's, each --plan's, the grid's."""
+    needed = {base.precision}
+    for text in plans:
+        needed.add(parse_plan(text, base).precision)
+    if all_plans:
+        needed.update(("fp32", "amp_bf16", "bf16"))
+    return tuple(sorted(needed))
+
+
+def _facts(
+    model: Path | None,
+    hf_config: Path | None,
+    profiles: list[Path],
+    seq_len: int | None,
+    precisions: tuple[str, ...],
+) -> ModelFacts:
+    """Measured figures from --profile, traced ones for precisions it lacks (MODEL / --hf-config)."""
+    if model is not None and hf_config is not None:
+        raise AutotuneError("MODEL and --hf-config: give one of them")
+    if seq_len is not None and hf_config is None:
+        raise AutotuneError("--seq-len: only with --hf-config (a model file makes its own batches)")
+    traced = None
+    if hf_config is not None:
+        if seq_len is None:
+            raise AutotuneError("--hf-config needs --seq-len (tokens per sample)")
+        from autotune.runtime.trace import facts_from_hf_config
+
+        err_console.print(f"tracing {hf_config} on fake tensors ...", style="dim")
+        traced = facts_from_hf_config(hf_config, seq_len, precisions=precisions)
+    if not profiles:
+        if model is None and traced is None:
+            raise AutotuneError("MODEL: give a model file, --hf-config or --profile")
+        if traced is not None:
+            return traced
+        from autotune.runtime.trace import facts_from_model_file
+
+        err_console.print(f"tracing {model} on fake tensors ...", style="dim")
+        return facts_from_model_file(model, precisions=precisions)  # type: ignore[arg-type]
+    measured = _measured_facts(profiles)
+    missing = tuple(p for p in precisions if p not in measured.activations)
+    if missing and model is not None and traced is None:
+        from autotune.runtime.trace import facts_from_model_file
+
+        err_console.print(
+            f"tracing {model} on fake tensors for {', '.join(missing)} ...", style="dim"
+        )
+        traced = facts_from_model_file(model, precisions=missing)
+    if traced is None:
+        return measured
+    extra = {k: v for k, v in traced.activations.items() if k not in measured.activations}
+    return measured.model_copy(
+        update={
+            "activations": {**measured.activations, **extra},
+            "block_parameters": traced.block_parameters,
+        }
+    )
+
+
+def _measured_facts(profiles: list[Path]) -> ModelFacts:
+    """The first profile's figures, its step time refined by the others."""
+    from autotune.estimate import facts_from_profile, fit_step_time
+
+    facts = facts_from_profile(_read_profile(profiles[0]))
+    for path in profiles[1:]:
+        try:
+            facts = fit_step_time(facts, _read_profile(path))
+        except ValueError as exc:
+            raise AutotuneError(f"--profile {path}: {exc} (than {profiles[0]})") from None
+    return facts
+
+
+def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> list[Plan]:
+    from autotune.estimate import plan_grid
+
+    if all_plans and plans:
+        raise AutotuneError("--plan and --all-plans: give one of them")
+    if all_plans:
+        return plan_grid(facts, base)
+    if not plans:
+        return [base]
+    return [parse_plan(text, base) for text in plans]
+
+
+def _claim(text: str, base: Plan) -> tuple[Plan, int]:
+    """``stage=3,world_size=8,memory=3GB`` into a plan and the claimed bytes per device."""
+    knobs, memory = [], None
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key == "memory":
+            memory = parse_bytes(value, "--check memory")
+        elif key == "world_size":
+            knobs += [f"gpus_per_node={value.strip()}", "nodes=1"]
+        else:
+            knobs.append(item)
+    if memory is None:
+        raise AutotuneError(f"--check {text!r}: needs memory=SIZE (the claimed per-device memory)")
+    return parse_plan(",".join(knobs), base, flag="--check"), memory
+
+
+def _unit(record: EstimateRecord) -> tuple[str, float]:
+    """One unit for the whole table: MiB for small models, GiB otherwise."""
+    largest = max(est.memory.peak for est in record.plans)
+    return ("MiB", 2.0**20) if largest < 2**30 else ("GiB", 2.0**30)
+
+
+def _devices(record: EstimateRecord) -> str:
+    plan = record.plans[0].plan
+    return (
+        f"{plan.gpus_per_node} x {plan.nodes} devices"
+        if plan.nodes > 1
+        else f"{plan.world_size} device{'s' if plan.world_size > 1 else ''}"
+    )
+
+
+def _short(plan: Plan) -> str:
+    """The plan's knobs without the devices (the title gives them), precision first and bare."""
+    parts = plan.describe().split(",")
+    skip = ("gpus_per_node=", "nodes=", "precision=", "stage=0")
+    keep = [p for p in parts if not p.startswith(skip)]
+    return " ".join([plan.precision, *keep])
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def render(record: EstimateRecord) -> Table:
+    """The plans as a table: memory per device by category, fit, time, communication."""
+    unit, scale = _unit(record)
+    budget = format_bytes(record.device_memory_bytes) if record.device_memory_bytes else "no budget"
+    title = (
+        f"{record.model}: {format_count(record.parameters)} parameters, L={record.num_layers}, "
+        f"{_devices(record)}, device memory {budget} (margin {record.margin:.0%}); {unit} per device"
+    )
+    table = Table(title=title, show_header=True, header_style="bold")
+    columns = ["plan", "params", "grads", "optim", "act", "peak", "fits", "time", "comm"]
+    if record.train_tokens:
+        columns.append("days")
+    for name in columns:
+        if name == "plan":
+            table.add_column(name, overflow="fold")
+        else:
+            table.add_column(name, justify="right", no_wrap=True)
+
+    def size(value: float) -> str:
+        return f"{value / scale:.2f}"
+
+    for est in record.plans:
+        mem = est.memory
+        fits = "–" if est.fits is None else ("yes" if est.fits else "no")
+        row = [
+            _short(est.plan),
+            size(mem.parameters),
+            size(mem.gradients),
+            size(mem.optimizer_states),
+            size(mem.activations + mem.autocast_weight_copies),
+            size(mem.peak),
+            fits,
+            _ratio(est.predicted_step_time_ratio),
+            size(est.communication_bytes_per_step),
+        ]
+        if record.train_tokens:
+            row.append("–" if est.train_days is None else f"{est.train_days:.1f}")
+        table.add_row(*row)
+    return table
+
+
+def _footer(record: EstimateRecord) -> list[str]:
+    """Where each figure came from, and the claim check."""
+    first = record.plans[0]
+    sources = sorted({est.source for est in record.plans})
+    lines = [
+        f"model states: formula ({', '.join(sorted({e.accounting for e in record.plans}))} accounting); "
+        f"activations: {', '.join(sources)}; peak: {first.memory.peak_composition}",
+        f"time: ratio to {record.baseline.describe() if record.baseline else 'the first plan'} "
+        f"({first.time_source or 'not predicted'}); communication not overlapped with compute",
+        record.margin_note,
+    ]
+    notes = sorted({note for est in record.plans for note in est.notes})
+    lines += [f"note: {note}" for note in notes]
+    if record.check is not None:
+        lines.append(f"claim check ({record.check.plan.describe()}): {record.check.explanation}")
+    return lines

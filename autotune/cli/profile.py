@@ -1,9 +1,214 @@
-"""`autotune profile`: not yet implemented (placeholder registered so the CLI imports)."""
+"""`autotune profile`: measure what each part of a training step costs."""
 
 from __future__ import annotations
 
+import shlex
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+
+from autotune._errors import AutotuneError
+from autotune._io import write_record
+from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.units import format_bytes, format_count
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from autotune.records import ProfileRecord
+
+
+class _Precision(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class _Switch(StrEnum):
+    off = "off"
+    on = "on"
+
+
+def profile_command(
+    model: Path = typer.Argument(
+        ..., help="The model file (build_model, build_batch or build_dataloader)."
+    ),
+    batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="Samples per step."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Timed steps (medians reported)."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Steps run first and dropped."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    precision: _Precision = typer.Option(
+        _Precision.fp32, "--precision", help="fp32, or autocast bf16/fp16 with fp32 weights."
+    ),
+    checkpointing: _Switch = typer.Option(
+        _Switch.off, "--checkpointing", help="Checkpoint every block of the block stack."
+    ),
+    out: Path = typer.Option(
+        Path("autotune-profile.json"), "--out", "-o", help="Where the JSON record is written."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print only the JSON record on stdout."),
+) -> None:
+    """Run real training steps of MODEL and measure memory, time, FLOPs and the device."""
+    with user_errors():
+        if not (out.parent if str(out.parent) else Path(".")).is_dir():
+            raise AutotuneError(f"--out {out}: directory {out.parent} does not exist")
+        from autotune.runtime.profiler import profile
+
+        # Rebuilt from the parsed options (all of them, defaults included), so two
+        # records say exactly how they differ however the command was typed.
+        command = shlex.join(
+            ["autotune", "profile", str(model), "--batch-size", str(batch_size)]
+            + ["--steps", str(steps), "--warmup", str(warmup), "--device", device]
+            + ["--precision", precision.value, "--checkpointing", checkpointing.value]
+            + ["--out", str(out)]
+            + (["--json"] if as_json else [])
+        )
+        with _progress() as progress:
+            record = profile(
+                model,
+                batch_size=batch_size,
+                steps=steps,
+                warmup=warmup,
+                device=device,
+                precision=precision.value,
+                checkpointing=checkpointing is _Switch.on,
+                progress=progress,
+                command=command,
+            )
+        write_record(out, record)
+        if as_json:
+            print_json(record)
+        else:
+            console.print(render(record))
+            console.print(f"[dim]record written to {out}[/dim]")
+
+
+class _progress:  # noqa: N801 - used as a context manager, reads like a function
+    """A Rich progress bar on stderr, fed by the profiler's ``(phase, done, total)`` calls."""
+
+    def __enter__(self) -> _progress:
+        from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(
+            TextColumn("{task.description:<12}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        )
+        self._tasks: dict[str, TaskID] = {}
+        self._bar.__enter__()
+        return self
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase not in self._tasks:
+            self._tasks[phase] = self._bar.add_task(phase, total=max(total, 1))
+        self._bar.update(self._tasks[phase], completed=done, total=max(total, 1))
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(None, None, None)
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "–"
+
+
+def render(record: ProfileRecord) -> Table:
+    """The record as a table for people: every figure says measured or how it was derived."""
+    from rich.table import Table
+
+    cfg, mem, time = record.config, record.memory, record.time
+    title = (
+        f"{Path(record.provenance.model_file).name}: batch {cfg.batch_size}, {cfg.precision}, "
+        f"checkpointing {'on' if cfg.checkpointing else 'off'}, {cfg.device}"
+    )
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_column("note")
+    stack = record.model.block_stack
+    table.add_row(
+        "parameters",
+        format_count(record.model.parameters),
+        f"trainable {format_count(record.model.trainable_parameters)}"
+        + (
+            f"; stack {stack.path} x{stack.count} ({stack.block_class})"
+            if stack
+            else "; no block stack"
+        ),
+    )
+    for name, value in (
+        ("memory: parameters", mem.parameters),
+        ("memory: gradients", mem.gradients),
+        ("memory: optimizer states", mem.optimizer_states),
+        ("memory: activations", mem.activations),
+        ("memory: autocast weight copies", mem.autocast_weight_copies),
+    ):
+        table.add_row(name, format_bytes(value), "measured")
+    at_peak = ", ".join(
+        f"{key} {format_bytes(value)}" for key, value in mem.at_peak.model_dump().items() if value
+    )
+    table.add_row(
+        "memory: peak", format_bytes(mem.peak), f"measured ({mem.peak_source}); {at_peak}"
+    )
+    table.add_row("process RSS", format_bytes(mem.process_rss), "measured")
+    step = time.step
+    timings: tuple[tuple[str, float], ...] = (
+        ("time: data wait", time.dataloader),
+        ("time: forward", time.forward),
+        ("time: backward", time.backward),
+        ("time: optimizer", time.optimizer),
+    )
+    for label, seconds in timings:
+        table.add_row(label, f"{seconds * 1e3:.2f} ms", f"median, {_share(seconds, step)} of step")
+    spread = time.spread
+    table.add_row(
+        "time: step",
+        f"{step * 1e3:.2f} ms",
+        f"median of {time.steps_measured}; p25-p75 {spread.p25 * 1e3:.2f}-{spread.p75 * 1e3:.2f} ms",
+    )
+    tput = record.throughput
+    tokens = f", {tput.tokens_per_s:,.0f} tokens/s" if tput.tokens_per_s else ""
+    table.add_row("throughput", f"{tput.samples_per_s:,.1f} samples/s", f"measured{tokens}")
+    _compute_rows(table, record)
+    caps = record.environment.capabilities
+    env = record.environment
+    table.add_row(
+        "device",
+        env.device_name,
+        f"bf16 {'yes' if caps.bf16_supported else 'no'}, "
+        f"bf16/fp32 matmul {_ratio(caps.bf16_fp32_speed_ratio)} (measured), "
+        f"flash-attn {'yes' if caps.flash_attn_available else 'no'}",
+    )
+    return table
+
+
+def _compute_rows(table: Table, record: ProfileRecord) -> None:
+    compute = record.compute
+    table.add_row(
+        "compute: FLOPs/step",
+        format_count(compute.flops_per_step),
+        "counted (FlopCounterMode), model FLOPs",
+    )
+    source = {"table": "datasheet", "measured_matmul": "measured matmul"}.get(
+        compute.peak_source or "", "unknown"
+    )
+    mfu = f"{100 * compute.mfu:.1f}%" if compute.mfu is not None else "–"
+    hfu = f"{100 * compute.hfu:.1f}%" if compute.hfu is not None else "–"
+    table.add_row(
+        "compute: MFU",
+        mfu,
+        f"vs peak {format_count(compute.peak_flops_per_s)}FLOP/s ({source}); HFU {hfu}",
+    )
 
 
 def register(app: typer.Typer) -> None:
     """Add this command to the root app."""
+    app.command("profile")(profile_command)

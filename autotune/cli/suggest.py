@@ -1,9 +1,117 @@
-"""`autotune suggest`: not yet implemented (placeholder registered so the CLI imports)."""
+"""`autotune suggest`: the policy's ordered changes for a saved profile (never imports torch)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from autotune.cli._common import console, print_json, user_errors
+from autotune.units import format_bytes, parse_bytes
 
 
 def register(app: typer.Typer) -> None:
     """Add this command to the root app."""
+    app.command("suggest")(suggest_command)
+
+
+def suggest_command(
+    profile: Path = typer.Argument(
+        Path("autotune-profile.json"), help="A profile saved by `autotune profile`."
+    ),
+    device_memory: str | None = typer.Option(
+        None,
+        "--device-memory",
+        help="Per-device memory budget, e.g. 80GB (default: the profiled GPU's).",
+    ),
+    world_size: int = typer.Option(1, "--world-size", help="Data-parallel devices in all."),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", help="Devices per node (default: all on one node)."
+    ),
+    inter_gbps: float | None = typer.Option(
+        None, "--inter-gbps", help="Inter-node bandwidth in Gbit/s (<= 100 counts as slow)."
+    ),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", help="Target samples per optimizer step, kept with accumulation."
+    ),
+    policy: Path | None = typer.Option(
+        None,
+        "--policy",
+        help='A policy TOML file (replaces, or with extends = "default" extends, the default).',
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print the record as JSON only."),
+) -> None:
+    """Propose the next change, then the rest of the ordered plan, from a saved profile."""
+    with user_errors():
+        from autotune._io import read_record
+        from autotune.records import ProfileRecord
+        from autotune.suggest import suggest
+
+        record = suggest(
+            read_record(profile, ProfileRecord, "profile"),
+            device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
+            world_size=world_size,
+            gpus_per_node=gpus_per_node,
+            inter_gbps=inter_gbps,
+            global_batch=global_batch,
+            policy_path=policy,
+            profile_path=str(profile),
+        )
+        if json_output:
+            print_json(record)
+        else:
+            render(record)
+
+
+def render(record: object) -> None:
+    """Print the next change first, then the rest of the ordered plan, one block each."""
+    from autotune.suggest import SuggestRecord
+
+    assert isinstance(record, SuggestRecord)
+    console.print(f"baseline plan: {record.baseline.describe()}", soft_wrap=True)
+    console.print(f"policy: {record.policy}", soft_wrap=True)
+    if not record.suggestions:
+        console.print("nothing to suggest: no rule of the policy applies to this profile")
+    for index, item in enumerate(record.suggestions, 1):
+        title = "next change" if index == 1 else f"then {index}"
+        change = ", ".join(f"{knob}={_show(value)}" for knob, value in item.change.items())
+        evidence = ", ".join(
+            f"{name}={_show(fact.value)} ({fact.source})" for name, fact in item.evidence.items()
+        )
+        lines = [
+            f"[bold]{title}: {item.rule}[/bold]: {change}",
+            f"  evidence: {evidence}",
+            f"  predicted: {_predicted(item.predicted)}",
+            f"  why: {item.reason}",
+        ]
+        console.print("\n".join(lines), soft_wrap=True, markup=True, highlight=False)
+    console.print(f"final plan: {record.final_plan.describe()}", soft_wrap=True)
+    for note in record.notes:
+        console.print(f"note: {note}", soft_wrap=True)
+
+
+def _predicted(pred: object) -> str:
+    from autotune.suggest import Predicted
+
+    assert isinstance(pred, Predicted)
+    memory = f"peak {format_bytes(pred.peak_bytes_before)} -> {format_bytes(pred.peak_bytes_after)}"
+    if pred.fits_after is not None:
+        memory += ", fits" if pred.fits_after else ", does not fit"
+    memory += f" ({pred.memory_source})"
+    if pred.step_time_ratio is None:
+        return f"{memory}; step time not predicted"
+    # The estimate scales measured phase times: a prediction, though from measured numbers.
+    how = "formula on measured times" if pred.time_source == "measured" else pred.time_source
+    return f"{memory}; step time x{pred.step_time_ratio:.2f} ({how})"
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "unknown"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int) and value >= 2**20:
+        return format_bytes(value)
+    return str(value)

@@ -1,9 +1,187 @@
-"""`autotune tune`: not yet implemented (placeholder registered so the CLI imports)."""
+"""`autotune tune`: Optuna search over real short trials; writes the recommendation and ds_config.json."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.table import Table
+
+from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.units import format_bytes, parse_bytes
 
 
 def register(app: typer.Typer) -> None:
     """Add this command to the root app."""
+    app.command("tune")(tune_command)
+
+
+def tune_command(
+    model: Path = typer.Argument(..., help="The model file (build_model, build_batch or build_dataloader)."),
+    global_batch: int = typer.Option(..., "--global-batch", help="Samples per optimizer step, kept by every plan."),
+    nproc: int = typer.Option(1, "--nproc", help="Ranks per trial (torchrun); ZeRO stages are searched when > 1."),
+    trials: int = typer.Option(20, "--trials", help="Plans to measure (pruned plans do not count)."),
+    budget_minutes: float | None = typer.Option(None, "--budget-minutes", help="Stop starting trials after this much trial time."),
+    trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a trial's process group is killed."),
+    device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
+    study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file, global batch and nproc)."),
+    steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
+    warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
+    repeats: int = typer.Option(3, "--repeats", help="Interleaved re-runs of best, baseline and runner-up."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    profile: Path | None = typer.Option(None, "--profile", help="A saved profile (default: a short fresh one)."),
+    baseline: str | None = typer.Option(None, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
+    policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
+    out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json and ds_config.json go."),
+    json_output: bool = typer.Option(False, "--json", help="Print the tune record as JSON only."),
+) -> None:  # fmt: skip
+    """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest."""
+    with user_errors():
+        from autotune._errors import AutotuneError
+        from autotune.search._prepare import tune_model
+
+        if not out_dir.is_dir():
+            raise AutotuneError(f"--out-dir {out_dir}: no such directory")
+        per_rank = max(global_batch // max(nproc, 1), 1)
+        base = _baseline(baseline, per_rank, nproc) if baseline else None
+        with _ProgressView(trials, quiet=False) as view:
+            record = tune_model(
+                str(model), global_batch=global_batch, nproc=nproc, device=device,
+                device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
+                profile_path=str(profile) if profile else None, policy_path=str(policy) if policy else None,
+                baseline=base, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
+                progress=view.update, trials=trials,
+                budget_s=budget_minutes * 60 if budget_minutes is not None else None,
+                storage=storage, study_name=study or f"{model.stem}-g{global_batch}-n{nproc}",
+                repeats=repeats,
+            )  # fmt: skip
+        written = _write_outputs(record, out_dir, nproc)
+        if json_output:
+            print_json(record)
+        else:
+            render(record, written)
+
+
+def _baseline(text: str, per_rank: int, nproc: int) -> Any:
+    """The user's plan; given only a micro-batch, accumulation keeps the global batch."""
+    from autotune.plan import Plan, parse_plan
+
+    plan = parse_plan(text, Plan(micro_batch=per_rank, gpus_per_node=nproc), "--baseline")
+    if "ga=" not in text and "grad_accum" not in text and per_rank % plan.micro_batch == 0:
+        plan = plan.with_changes(grad_accum=per_rank // plan.micro_batch)
+    return plan
+
+
+def _write_outputs(record: Any, out_dir: Path, nproc: int) -> list[Path]:
+    from autotune._io import atomic_write_text, write_record
+
+    rec = record.recommendation
+    if rec is None:
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        # Else DeepSpeed's config check prints an accelerator warning on our stdout.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from autotune.dsconfig import deepspeed_config
+
+    config = deepspeed_config(rec, world_size=nproc)
+    return [
+        write_record(out_dir / "recommendation.json", rec),
+        atomic_write_text(out_dir / "ds_config.json", json.dumps(config, indent=2) + "\n"),
+    ]
+
+
+class _ProgressView:
+    """Rich progress on stderr: trial i of T, the best so far, the time left."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.progress = Progress(
+            TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+            console=err_console, disable=quiet, transient=False,
+        )  # fmt: skip
+        self.task = self.progress.add_task("starting (profile, warm-up launch)", total=total)
+
+    def __enter__(self) -> _ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, state: Any) -> None:
+        best = state.best
+        shown = f"best {_throughput(best)} ({best.plan.describe()})" if best else "best: none yet"
+        left = f", {state.seconds_left / 60:.1f} min left" if state.seconds_left is not None else ""
+        last = f"last: {state.last.plan.describe()} {state.last.outcome or 'pruned'}"
+        self.progress.update(self.task, completed=min(state.measured, state.target),
+                             description=f"{shown}{left}; {last}")  # fmt: skip
+
+
+def _throughput(record: Any) -> str:
+    if record is None or record.samples_per_s is None:
+        return "–"
+    if record.tokens_per_s is not None:
+        return f"{record.tokens_per_s:,.0f} tok/s"
+    return f"{record.samples_per_s:,.2f} samples/s"
+
+
+def render(record: Any, written: list[Path]) -> None:
+    """The trial table, then the recommendation next to the baseline."""
+    table = Table(title=f"study {record.study} ({record.storage})")
+    for column in (
+        "#",
+        "role",
+        "plan",
+        "state",
+        "outcome",
+        "throughput",
+        "peak (measured)",
+        "peak (predicted)",
+        "reason",
+    ):
+        table.add_column(column)  # fmt: skip
+    for t in record.trials:
+        predicted = (
+            f"{format_bytes(t.predicted_peak_bytes)} ({t.prediction_source})"
+            if t.predicted_peak_bytes
+            else "–"
+        )
+        measured = (
+            f"{format_bytes(t.peak_memory_bytes)} ({t.peak_source})" if t.peak_memory_bytes else "–"
+        )
+        table.add_row(str(t.number), t.role, t.plan.describe(), t.state, t.outcome or "–",
+                      _throughput(t), measured, predicted, t.reason or "")  # fmt: skip
+    console.print(table)
+    _render_recommendation(record)
+    for path in written:
+        console.print(f"wrote {path}")
+    for note in record.notes:
+        console.print(f"note: {note}")
+
+
+def _render_recommendation(record: Any) -> None:
+    rec = record.recommendation
+    if rec is None:
+        console.print("no plan ran to completion: no recommendation")
+        return
+    comparison = record.comparison
+    for label, measured in zip(comparison.labels, comparison.measured, strict=True):
+        interval = measured.samples_per_s_interval
+        spread = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
+        tokens = f", {measured.tokens_per_s:,.0f} tok/s" if measured.tokens_per_s else ""
+        console.print(f"{label:>9}: {measured.plan.describe()}: {measured.samples_per_s:.2f} samples/s"
+                      f"{spread}{tokens}, peak {format_bytes(measured.peak_memory_bytes)} "
+                      f"(measured, median of {measured.repeats})")  # fmt: skip
+    if rec.speedup is not None and rec.speedup_interval is not None:
+        low, high = rec.speedup_interval
+        console.print(
+            f"speedup over the baseline: {rec.speedup:.2f}x [{low:.2f}, {high:.2f}] (measured)"
+        )
+    console.print(f"recommended plan: {rec.plan.describe()}")

@@ -1,0 +1,118 @@
+"""`autotune confirm`: measure the policy's changes one at a time with real A/B steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from autotune.cli._common import console, err_console, print_json, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    """Add this command to the root app."""
+    app.command("confirm")(confirm_command)
+
+
+def confirm_command(
+    model: Path = typer.Argument(
+        ..., help="The model file (build_model, build_batch or build_dataloader)."
+    ),
+    batch_size: int = typer.Option(..., "--batch-size", "-b", help="Micro-batch of the baseline."),
+    profile: Path | None = typer.Option(
+        None, "--profile", help="Reuse a saved baseline profile instead of profiling now."
+    ),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
+    steps: int = typer.Option(3, "--steps", help="Timed steps per arm in each repeat."),
+    repeats: int = typer.Option(
+        5, "--repeats", help="Interleaved A/B repeats (the interval's sample)."
+    ),
+    warmup: int = typer.Option(1, "--warmup", help="Untimed steps per arm first."),
+    loss_tolerance: float = typer.Option(
+        0.05, "--loss-tolerance", help="Largest relative change of the mean loss accepted."
+    ),
+    max_changes: int = typer.Option(8, "--max-changes", help="Most changes tried in one session."),
+    device_memory: str | None = typer.Option(
+        None, "--device-memory", help="Per-device budget, e.g. 16GB."
+    ),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", help="Target samples per step."
+    ),
+    policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file."),
+    output: Path = typer.Option(
+        Path("autotune-confirm.json"), "--output", "-o", help="Where the session log is written."
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print the session log as JSON only."),
+) -> None:
+    """Profile a baseline, then keep each proposed change only if measured faster (or needed to fit)."""
+    with user_errors():
+        from autotune._errors import AutotuneError
+        from autotune._io import read_record, write_record
+        from autotune.records import ProfileRecord
+        from autotune.runtime.confirm import confirm
+        from autotune.units import parse_bytes
+
+        if not 0 < loss_tolerance < 1:
+            raise AutotuneError(f"--loss-tolerance: {loss_tolerance} must be between 0 and 1")
+        record = confirm(
+            model,
+            batch_size=batch_size,
+            profile=read_record(profile, ProfileRecord, "profile") if profile else None,
+            device=device,
+            steps=steps,
+            repeats=repeats,
+            warmup=warmup,
+            loss_tolerance=loss_tolerance,
+            max_changes=max_changes,
+            progress=lambda line: err_console.print(line, markup=False),
+            device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
+            global_batch=global_batch,
+            policy_path=policy,
+        )
+        write_record(output, record)
+        if json_output:
+            print_json(record)
+            return
+        render(record)
+        console.print(f"session log written to {output}")
+
+
+def render(record: object) -> None:
+    """The session, one block per change: proposed, predicted, measured, kept or rejected."""
+    from autotune.suggest import ConfirmRecord
+
+    assert isinstance(record, ConfirmRecord)
+    console.print(f"baseline: {record.baseline.describe()}", soft_wrap=True)
+    for index, step in enumerate(record.steps, 1):
+        change = ", ".join(f"{knob}={value}" for knob, value in step.change.items())
+        pred = step.predicted.step_time_ratio
+        lines = [
+            f"{index}. {step.rule}: {change}: {step.status.upper()} ({step.why})",
+            "   predicted step time: "
+            + (
+                "not predicted"
+                if pred is None
+                else f"x{pred:.2f} ({_how(step.predicted.time_source)})"
+            ),
+        ]
+        if step.measured is not None:
+            got = step.measured
+            low, high = got.ratio_interval
+            lines.append(
+                f"   measured step time: x{got.step_time_ratio:.2f} [{low:.2f}, {high:.2f}] "
+                f"({got.before_step_s * 1000:.1f} -> {got.after_step_s * 1000:.1f} ms, "
+                f"{got.repeats} interleaved repeats of {got.steps_per_repeat} steps)"
+            )
+            delta = "–" if got.loss_delta is None else f"{got.loss_delta:.2%}"
+            lines.append(
+                f"   loss: {got.loss_before:.4f} -> {got.loss_after:.4f} (relative change {delta})"
+            )
+        console.print("\n".join(lines), soft_wrap=True, markup=False, highlight=False)
+    console.print(f"final plan: {record.final_plan.describe()}", soft_wrap=True)
+    for note in record.notes:
+        console.print(f"note: {note}", soft_wrap=True)
+
+
+def _how(source: str | None) -> str:
+    # The estimate scales measured phase times: a prediction, though from measured numbers.
+    return "formula on measured times" if source == "measured" else str(source)

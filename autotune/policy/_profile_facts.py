@@ -1,0 +1,243 @@
+"""Facts for a plan: measured numbers from a profile, predictions from the estimate for other plans."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from autotune.estimate import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
+from autotune.plan import Plan
+from autotune.policy._facts import Facts, Source
+from autotune.records import ProfileRecord
+
+_TRANSFORMER_BLOCK = re.compile(r"Decoder|Encoder|Transformer|Attention|GPT|Bert|Llama", re.I)
+_PROFILE_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the user said about the target machine (``None``: not given)."""
+
+    device_memory: int | None = None
+    world_size: int = 1
+    gpus_per_node: int = 1
+    inter_gbps: float | None = None
+    global_batch: int | None = None
+    margin: float = DEFAULT_MARGIN
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the devices spread over."""
+        return max(1, self.world_size // self.gpus_per_node)
+
+
+def baseline_plan(profile: ProfileRecord, machine: Machine) -> Plan:
+    """The plan the profile measured, spread over the machine's devices."""
+    stack = profile.model.block_stack
+    return Plan(
+        precision=_PROFILE_PRECISION[profile.config.precision],  # type: ignore[arg-type]
+        micro_batch=profile.config.batch_size,
+        checkpoint_blocks=stack.count if stack and profile.config.checkpointing else 0,
+        gpus_per_node=machine.gpus_per_node,
+        nodes=machine.nodes,
+    )
+
+
+def static_facts(profile: ProfileRecord, machine: Machine) -> dict[str, object]:
+    """Facts that do not depend on the plan: the device, the model, the machine."""
+    caps = profile.environment.capabilities
+    model = profile.model
+    ratio = caps.bf16_fp32_speed_ratio
+    capability = float(caps.compute_capability) if caps.compute_capability else None
+    is_cuda = profile.config.device == "cuda"
+    # Unmeasured speed: Ampere (8.0) and later have bf16 tensor cores.
+    fast_bf16 = (
+        ratio > 1.0
+        if ratio is not None
+        else bool(caps.bf16_supported and is_cuda and capability is not None and capability >= 8.0)
+    )
+    block_class = model.block_stack.block_class if model.block_stack else ""
+    return {
+        "device_type": profile.config.device,
+        "device_memory": machine.device_memory,
+        "world_size": machine.world_size,
+        "nodes": machine.nodes,
+        "gpus_per_node": machine.gpus_per_node,
+        "inter_gbps": machine.inter_gbps,
+        "bf16_supported": caps.bf16_supported,
+        "fp16_supported": caps.fp16_supported,
+        "bf16_speed_ratio": ratio,
+        "fast_bf16": fast_bf16,
+        "compute_capability": capability,
+        "sdpa_available": caps.sdpa_available,
+        "flash_attn_available": caps.flash_attn_available,
+        "has_block_stack": model.block_stack is not None,
+        "block_count": model.block_stack.count if model.block_stack else None,
+        "is_transformer": model.num_attention_heads is not None
+        or bool(_TRANSFORMER_BLOCK.search(block_class)),
+        "target_global_batch": machine.global_batch,
+    }
+
+
+_STATIC_SOURCES: dict[str, Source] = {
+    "device_type": "measured",
+    "bf16_supported": "measured",
+    "fp16_supported": "measured",
+    "bf16_speed_ratio": "measured",
+    "fast_bf16": "measured",
+    "compute_capability": "measured",
+    "sdpa_available": "measured",
+    "flash_attn_available": "measured",
+    "has_block_stack": "measured",
+    "block_count": "measured",
+    "is_transformer": "measured",
+}
+
+
+class FactBuilder:
+    """Builds :class:`Facts` for any plan of one profiled model on one machine."""
+
+    def __init__(self, profile: ProfileRecord, model: ModelFacts, machine: Machine) -> None:
+        self.profile = profile
+        self.model = model
+        self.machine = machine
+        self.baseline = baseline_plan(profile, machine)
+        self._static = static_facts(profile, machine)
+        self._cache: dict[Plan, PlanEstimate] = {}
+
+    def estimate(self, plan: Plan) -> PlanEstimate:
+        """The estimate of one plan (cached: the searches below ask for many)."""
+        if plan not in self._cache:
+            self._cache[plan] = estimate_plan(
+                self.model,
+                plan,
+                device_memory=self.machine.device_memory,
+                intra_gbps=None,
+                inter_gbps=self.machine.inter_gbps,
+                margin=self.machine.margin,
+            )
+        return self._cache[plan]
+
+    def facts(self, plan: Plan) -> Facts:
+        """Facts for ``plan``: measured where it is the profiled plan, else predicted."""
+        measured = self._same_memory_as_baseline(plan)
+        memory = self._measured_memory() if measured else self._predicted_memory(plan)
+        input_share, input_source = self.input_share(plan)
+        sources: dict[str, Source] = dict(_STATIC_SOURCES)
+        kind: Source = "measured" if measured else "formula"
+        for name in ("peak_bytes", "fits", "headroom", "activation_share", "model_state_share"):
+            sources[name] = kind
+        for name in (
+            "checkpoint_blocks_to_fit",
+            "micro_batch_to_fit",
+            "step_time_ratio",
+            "amp_peak_ratio",
+        ):
+            sources[name] = "formula"
+        sources["input_share"] = input_source
+        return Facts(
+            plan=plan,
+            **self._static,  # type: ignore[arg-type]
+            **memory,  # type: ignore[arg-type]
+            input_share=input_share,
+            step_time_ratio=self.estimate(plan).predicted_step_time_ratio,
+            checkpoint_blocks_to_fit=self._smallest_checkpoint_that_fits(plan),
+            micro_batch_to_fit=self._largest_micro_batch_that_fits(plan),
+            amp_peak_ratio=self._amp_peak_ratio(plan),
+            sources=sources,
+        )
+
+    def input_share(self, plan: Plan) -> tuple[float | None, Source]:
+        """Share of the step spent waiting for data: measured, or predicted with workers.
+
+        With ``w`` workers loading runs beside compute, so a step takes
+        ``max(compute, load / w)`` and only the excess is waiting.
+        """
+        time = self.profile.time
+        if time.step <= 0:
+            return None, "measured"
+        if plan.dataloader_workers <= self.baseline.dataloader_workers:
+            return time.dataloader / time.step, "measured"
+        compute = max(time.step - time.dataloader, 0.0)
+        load = time.dataloader / plan.dataloader_workers
+        step = max(compute, load)
+        return (step - compute) / step if step > 0 else 0.0, "formula"
+
+    def _same_memory_as_baseline(self, plan: Plan) -> bool:
+        """Whether the profile's measured memory holds for ``plan`` (only loader knobs differ)."""
+        loader = {"dataloader_workers", "pin_memory"}
+        return plan.with_changes(**{k: getattr(self.baseline, k) for k in loader}) == self.baseline
+
+    def _amp_peak_ratio(self, plan: Plan) -> float | None:
+        """Predicted peak under bf16 autocast over the plan's own (both by formula)."""
+        if plan.precision != "fp32":
+            return None
+        now = self.estimate(plan).memory.peak
+        return (
+            self.estimate(plan.with_changes(precision="amp_bf16")).memory.peak / now
+            if now
+            else None
+        )
+
+    def _measured_memory(self) -> dict[str, object]:
+        memory = self.profile.memory
+        states = memory.parameters + memory.gradients + memory.optimizer_states
+        activations = memory.activations + memory.autocast_weight_copies
+        return self._memory_facts(
+            memory.peak, states, activations, states + activations + memory.buffers
+        )
+
+    def _predicted_memory(self, plan: Plan) -> dict[str, object]:
+        est = self.estimate(plan).memory
+        states = est.parameters + est.gradients + est.optimizer_states
+        activations = est.activations + est.autocast_weight_copies
+        total = states + activations + est.buffers + est.temporaries
+        return self._memory_facts(est.peak, states, activations, total)
+
+    def _memory_facts(
+        self, peak: int, states: int, activations: int, total: int
+    ) -> dict[str, object]:
+        budget = self.machine.device_memory
+        usable = budget * (1 - self.machine.margin) if budget else None
+        return {
+            "peak_bytes": peak,
+            "fits": None if usable is None else peak <= usable,
+            "headroom": None if not budget else (budget - peak) / budget,
+            "activation_share": activations / total if total else None,
+            "model_state_share": states / total if total else None,
+        }
+
+    def _fits(self, plan: Plan) -> bool:
+        if self._same_memory_as_baseline(plan):
+            return bool(self._measured_memory()["fits"])
+        return bool(self.estimate(plan).fits)
+
+    def _smallest_checkpoint_that_fits(self, plan: Plan) -> int | None:
+        blocks = self._static["block_count"]
+        if self.machine.device_memory is None or not isinstance(blocks, int):
+            return None
+        # Memory falls as more blocks are checkpointed, so the first k that fits is found by bisection.
+        low, high = 0, blocks
+        if not self._fits(plan.with_changes(checkpoint_blocks=high)):
+            return None
+        while low < high:
+            middle = (low + high) // 2
+            if self._fits(plan.with_changes(checkpoint_blocks=middle)):
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def _largest_micro_batch_that_fits(self, plan: Plan) -> int | None:
+        if self.machine.device_memory is None:
+            return None
+        low, high = 1, plan.micro_batch
+        if not self._fits(plan.with_changes(micro_batch=low)):
+            return None
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._fits(plan.with_changes(micro_batch=middle)):
+                low = middle
+            else:
+                high = middle - 1
+        return low

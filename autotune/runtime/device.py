@@ -1,0 +1,240 @@
+"""The one seam to the device: resolving it, its capabilities, its peak FLOP/s, NVML sampling."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import threading
+import time
+from typing import Any
+
+import torch
+
+from autotune._errors import AutotuneError
+from autotune.records import Capabilities, NvmlSample
+
+# Dense peak FLOP/s per GPU (vendor datasheets, SXM parts; no sparsity), by dtype.
+_GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
+    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("H800", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    ("A800", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),
+    ("A10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12}),
+    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}),
+    ("V100", {"bf16": 0.0, "fp16": 125e12, "fp32": 15.7e12}),
+    ("T4", {"bf16": 0.0, "fp16": 65e12, "fp32": 8.1e12}),
+    ("RTX 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}),
+    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12}),
+)
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        AutotuneError: CUDA asked for but not available, or an unknown name.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise AutotuneError(
+            f"--device: unknown device {name!r} (auto, cpu, cuda, cuda:N)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AutotuneError(
+            f"--device {name}: CUDA is not available (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda})"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise AutotuneError(f"--device: {name!r} is not supported (auto, cpu, cuda, cuda:N)")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so a timer read after it is honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """Human name of the device (GPU model, or the CPU's)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_count(device: torch.device) -> int:
+    """Devices of this type visible to the process."""
+    return torch.cuda.device_count() if device.type == "cuda" else 1
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Total memory of the device in bytes (host RAM for the CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def flash_attn_available() -> bool:
+    """Whether ``flash_attn`` really imports (a hollow install does not)."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def device_capabilities(device: torch.device) -> Capabilities:
+    """What the policy needs to know about the device, partly measured."""
+    if device.type == "cuda":
+        bf16 = bool(torch.cuda.is_bf16_supported())
+        major, minor = torch.cuda.get_device_capability(device)
+        capability: str | None = f"{major}.{minor}"
+        fp16 = major >= 6
+    else:
+        # CPU autocast runs bf16 (speed measured below); DeepSpeed refuses fp16 on CPU.
+        bf16, fp16, capability = True, False, None
+    ratio = None
+    if bf16:
+        fp32_rate = matmul_flops(device, torch.float32)
+        bf16_rate = matmul_flops(device, torch.bfloat16)
+        ratio = bf16_rate / fp32_rate if fp32_rate > 0 else None
+    return Capabilities(
+        bf16_supported=bf16,
+        fp16_supported=fp16,
+        bf16_fp32_speed_ratio=ratio,
+        sdpa_available=hasattr(torch.nn.functional, "scaled_dot_product_attention"),
+        flash_attn_available=flash_attn_available(),
+        compute_capability=capability,
+    )
+
+
+_MATMUL_CACHE: dict[tuple[str, torch.dtype], float] = {}
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.1) -> float:
+    """Measured FLOP/s of a square matmul in ``dtype`` (best of repeats, cached)."""
+    key = (str(device), dtype)
+    if key in _MATMUL_CACHE:
+        return _MATMUL_CACHE[key]
+    # Small on CPU: without AVX512-BF16 a bf16 matmul runs ~100x slower than fp32.
+    size = 4096 if device.type == "cuda" else 256
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    torch.matmul(a, b)
+    synchronize(device)
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or best == float("inf"):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    _MATMUL_CACHE[key] = 2 * size**3 / best
+    return _MATMUL_CACHE[key]
+
+
+def peak_flops(device: torch.device, dtype: str) -> tuple[float | None, str | None, str | None]:
+    """Peak FLOP/s for ``dtype`` (``fp32``/``bf16``/``fp16``).
+
+    Returns:
+        ``(value, source, reason)``: source ``"table"`` for a known GPU,
+        ``"measured_matmul"`` on the CPU; value ``None`` with a reason otherwise.
+    """
+    if device.type == "cpu":
+        # Autocast on CPU runs some ops in fp32 whatever the dtype: the faster of the two
+        # matmuls bounds what the step can reach.
+        rate = max(matmul_flops(device, _DTYPES[dtype]), matmul_flops(device, torch.float32))
+        return rate, "measured_matmul", None
+    name = device_name(device)
+    for key, peaks in _GPU_PEAKS:
+        if key in name and peaks.get(dtype):
+            return peaks[dtype], "table", None
+    return None, None, f"{name!r} is not in the table of known GPU peaks"
+
+
+def versions() -> dict[str, str | None]:
+    """torch, CUDA and DeepSpeed versions (DeepSpeed not imported: it prints on import)."""
+    try:
+        deepspeed: str | None = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        deepspeed = None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": deepspeed}
+
+
+class NvmlSampler:
+    """Samples GPU utilisation and memory in use on a thread while measured steps run."""
+
+    def __init__(self, device: torch.device, interval: float = 0.05) -> None:
+        self.device = device
+        self.interval = interval
+        self.reason: str | None = None
+        self._samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle: Any = None
+
+    def __enter__(self) -> NvmlSampler:
+        if self.device.type != "cuda":
+            self.reason = "no NVIDIA GPU in use (device is cpu)"
+            return self
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = (
+                self.device.index if self.device.index is not None else torch.cuda.current_device()
+            )
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:  # NVMLError_LibraryNotFound and friends
+            self.reason = f"NVML unavailable: {type(exc).__name__}: {exc}"
+            return self
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import pynvml
+
+        while not self._stop.is_set():
+            util = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
+            self._samples.append((float(util.gpu), int(mem.used)))
+            self._stop.wait(self.interval)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def result(self) -> NvmlSample | None:
+        """Mean utilisation and the most memory in use seen, or ``None`` (see ``reason``)."""
+        if not self._samples:
+            if self.reason is None:
+                self.reason = "NVML gave no samples (steps too short)"
+            return None
+        utils = [u for u, _ in self._samples]
+        return NvmlSample(
+            gpu_utilization_percent=sum(utils) / len(utils),
+            memory_used_bytes=max(m for _, m in self._samples),
+            samples=len(self._samples),
+        )

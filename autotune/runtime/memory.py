@@ -1,0 +1,341 @@
+"""Exact memory accounting of a training step: model states, saved activations, the peak."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autotune.records import AtPeak
+from autotune.runtime.blocks import find_block_stack, is_checkpointed
+
+_16BIT = (torch.bfloat16, torch.float16)
+# Autograd nodes that only view their input: a cast weight may be saved through them.
+_VIEW_NODES = {
+    "TBackward0",
+    "ViewBackward0",
+    "UnsafeViewBackward0",
+    "TransposeBackward0",
+    "PermuteBackward0",
+    "ExpandBackward0",
+    "AsStridedBackward0",
+    "SliceBackward0",
+    "SelectBackward0",
+    "UnsqueezeBackward0",
+    "SqueezeBackward0",
+    "SqueezeBackward1",
+    "ReshapeAliasBackward0",
+}
+OTHER = "other"
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """Identity of the memory a tensor lives in (views share it)."""
+    return tensor.untyped_storage().data_ptr()
+
+
+def unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        seen.setdefault(storage_key(tensor), tensor.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """All parameters, shared (tied) storages once."""
+    return unique_bytes(model.parameters())
+
+
+def buffer_bytes(model: nn.Module) -> int:
+    """All buffers, shared storages once."""
+    return unique_bytes(model.buffers())
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Gradients present now (call after backward), shared storages once."""
+    return unique_bytes(p.grad for p in model.parameters() if p.grad is not None)
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor in the optimizer's state, whatever the optimizer."""
+    return [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Every tensor in the optimizer's state (call after one step), shared storages once."""
+    return unique_bytes(optimizer_state_tensors(optimizer))
+
+
+def is_weight_cast(tensor: torch.Tensor, max_depth: int = 4) -> bool:
+    """Whether ``tensor`` is (a view of) a dtype cast of a parameter, as autocast makes."""
+    if tensor.dtype not in _16BIT:
+        return False
+    node = tensor.grad_fn
+    for _ in range(max_depth):
+        if node is None:
+            return False
+        name = type(node).__name__
+        if name == "ToCopyBackward0":
+            return any(
+                isinstance(getattr(nxt, "variable", None), nn.Parameter)
+                for nxt, _ in node.next_functions
+                if nxt is not None
+            )
+        if name not in _VIEW_NODES or not node.next_functions:
+            return False
+        node = node.next_functions[0][0]
+    return False
+
+
+@dataclass
+class SavedTensors:
+    """What one forward saved for backward (unique storages, parameters and buffers left out)."""
+
+    activations: int = 0
+    autocast_weight_copies: int = 0
+    by_module: dict[str, int] = field(default_factory=dict)
+    block_input: int | None = None
+    """Bytes of the first tensor entering block 0 of the stack (its hidden states)."""
+    keys: dict[str, set[int]] = field(default_factory=dict)
+    """Storage keys by category, for :meth:`LiveTensorTracker.mark_keys` while they live."""
+
+
+@contextlib.contextmanager
+def count_saved_tensors(model: nn.Module) -> Iterator[SavedTensors]:
+    """Count the tensors saved for backward during the forward run inside the block.
+
+    Saved tensors are attributed to the block of the stack whose forward is
+    running (else ``"other"``). A checkpointed block keeps only its inputs, held
+    by the checkpoint rather than by autograd, so those are counted as its bytes.
+    """
+    result = SavedTensors()
+    excluded = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    seen: set[int] = set()
+    current: list[str] = []
+    by_module = result.by_module
+
+    def add(tensor: torch.Tensor, module: str) -> None:
+        key = storage_key(tensor)
+        if key in excluded or key in seen or tensor.device.type == "meta":
+            return
+        seen.add(key)
+        size = tensor.untyped_storage().nbytes()
+        if is_weight_cast(tensor):
+            result.autocast_weight_copies += size
+            result.keys.setdefault("autocast_weight_copies", set()).add(key)
+            return
+        result.activations += size
+        result.keys.setdefault("activations", set()).add(key)
+        by_module[module] = by_module.get(module, 0) + size
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        add(tensor, current[-1] if current else OTHER)
+        return tensor
+
+    handles = _block_hooks(model, current, add, result)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield result
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _block_hooks(
+    model: nn.Module, current: list[str], add: Any, result: SavedTensors
+) -> list[torch.utils.hooks.RemovableHandle]:
+    found = find_block_stack(model)
+    if found is None:
+        return []
+    path, stack = found
+    handles = []
+    for index, block in enumerate(stack):
+        name = f"{path}.{index}"
+
+        def pre(
+            module: nn.Module, args: Any, kwargs: Any, name: str = name, index: int = index
+        ) -> None:
+            current.append(name)
+            inputs = list(_tensors((args, kwargs)))
+            if index == 0 and inputs:
+                result.block_input = inputs[0].untyped_storage().nbytes()
+            if is_checkpointed(module) and torch.is_grad_enabled():
+                for tensor in inputs:
+                    add(tensor, name)
+
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            current.pop()
+
+        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(block.register_forward_hook(post))
+    return handles
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+@dataclass
+class _Live:
+    """One live storage: its size and, once known, what it is."""
+
+    nbytes: int
+    category: str = "temporaries"
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Live tensor bytes on one device during a step, and what was live at their peak.
+
+    Every storage an op creates is tracked until it is freed (a weak reference
+    on the storage). Storages start as temporaries; :meth:`mark` names them once
+    the caller knows what they are (saved activations after the forward,
+    gradients after backward, optimizer states after the step). The snapshot at
+    the peak holds the same records, so marks made later still apply to it.
+    Unlike ``torch.distributed._tools.mem_tracker.MemTracker`` it works with
+    frozen parameters and needs no private API.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device_type = device.type
+        self.live: dict[int, _Live] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self.current = 0
+        self.peak = 0
+        self.peak_snapshot: list[_Live] = []
+        self._at_peak = False
+
+    def mark(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """Name the storages behind ``tensors`` (tracking them if they predate the tracker)."""
+        for tensor in tensors:
+            if tensor.device.type == self.device_type:
+                self._track(tensor).category = category
+
+    def mark_keys(self, keys: Iterable[int], category: str) -> None:
+        """Name live storages by :func:`storage_key` (unknown keys are not tracked: skipped)."""
+        for key in keys:
+            if key in self.live:
+                self.live[key].category = category
+
+    def _track(self, tensor: torch.Tensor) -> _Live:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        record = self.live.get(key)
+        if record is None:
+            record = _Live(storage.nbytes())
+            self.live[key] = record
+            self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
+            self.current += record.nbytes
+            if self.current > self.peak:
+                self.peak, self._at_peak = self.current, True
+        return record
+
+    def _freed(self, key: int, _ref: object) -> None:
+        if self._at_peak:  # leaving a peak: remember what made it up
+            self.peak_snapshot, self._at_peak = list(self.live.values()), False
+        record = self.live.pop(key, None)
+        self._refs.pop(key, None)
+        if record is not None:
+            self.current -= record.nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for tensor in _tensors(out):
+            if tensor.device.type == self.device_type and tensor.untyped_storage().nbytes():
+                self._track(tensor)
+        return out
+
+    def at_peak(self) -> AtPeak:
+        """The categories live at the peak; they add up to :attr:`peak`."""
+        snapshot = list(self.live.values()) if self._at_peak else self.peak_snapshot
+        parts: dict[str, int] = {}
+        for record in snapshot:
+            parts[record.category] = parts.get(record.category, 0) + record.nbytes
+        return AtPeak(**parts)
+
+
+@dataclass(frozen=True)
+class PeakResult:
+    """The peak of one tracked step and what was live at that moment."""
+
+    peak: int
+    at_peak: AtPeak
+    source: str
+    cuda_reserved: int | None = None
+
+
+@contextlib.contextmanager
+def track_peak(
+    model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> Iterator[tuple[LiveTensorTracker, list[PeakResult]]]:
+    """Track live tensors during the block; yields the tracker and a list that gets the result.
+
+    Parameters, buffers, gradients and optimizer states present at the start are
+    marked; the caller marks what the step creates. On CPU the peak is the most
+    live tensor bytes seen; on CUDA it is ``torch.cuda.max_memory_allocated`` and
+    the allocator's excess over the tracked tensors counts as temporaries, so
+    the parts still add up to the peak.
+    """
+    tracker = LiveTensorTracker(device)
+    out: list[PeakResult] = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with tracker:
+        tracker.mark(model.parameters(), "parameters")
+        tracker.mark(model.buffers(), "buffers")
+        tracker.mark((p.grad for p in model.parameters() if p.grad is not None), "gradients")
+        tracker.mark(optimizer_state_tensors(optimizer), "optimizer_states")
+        yield tracker, out
+    parts = tracker.at_peak().model_dump()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = int(torch.cuda.max_memory_allocated(device))
+        _absorb(parts, peak - sum(parts.values()))
+        reserved: int | None = int(torch.cuda.max_memory_reserved(device))
+        out.append(PeakResult(peak, AtPeak(**parts), "cuda_max_allocated", reserved))
+    else:
+        out.append(PeakResult(tracker.peak, AtPeak(**parts), "cpu_live_tensors"))
+
+
+def _absorb(parts: dict[str, int], excess: int) -> None:
+    """Put the allocator's untracked bytes into temporaries, never below zero."""
+    parts["temporaries"] += excess
+    if parts["temporaries"] < 0:
+        parts["activations"] = max(0, parts["activations"] + parts["temporaries"])
+        parts["temporaries"] = 0
+
+
+def at_peak_total(at_peak: AtPeak) -> int:
+    """The sum of the parts at the peak."""
+    return sum(int(value) for value in at_peak.model_dump().values())
+
+
+def process_rss() -> int | None:
+    """Resident set size of this process in bytes, if psutil can read it."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:
+        return None

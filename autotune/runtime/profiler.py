@@ -1,0 +1,395 @@
+"""``profile()``: real training steps of a model file, measured into a ProfileRecord."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from autotune import __version__
+from autotune._errors import AutotuneError
+from autotune.records import (
+    ActivationFit,
+    BlockStack,
+    Compute,
+    Environment,
+    MemoryBreakdown,
+    ModelInfo,
+    ModuleBytes,
+    ProfileConfig,
+    ProfileRecord,
+    Provenance,
+    Spread,
+    StepTime,
+    Throughput,
+)
+from autotune.runtime import device as dev
+from autotune.runtime import memory as mem
+from autotune.runtime.blocks import apply_checkpointing, find_block_stack, unique_parameter_count
+from autotune.runtime.modelfile import ModelFile, load_model_file
+from autotune.runtime.step import StepPrecision, StepTiming, TrainRunner
+
+Progress = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``, called as the profile advances."""
+
+
+def _cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kw: Any) -> int:
+    return int(sdpa_flop_count(query.shape, key.shape, value.shape))
+
+
+def _cpu_sdpa_backward(grad: Any, query: Any, key: Any, value: Any, *args: Any, **kw: Any) -> int:
+    return int(sdpa_backward_flop_count(grad.shape, query.shape, key.shape, value.shape))
+
+
+# FlopCounterMode has no formula for the CPU fused attention kernel (its FLOPs would vanish).
+_cpu_sdpa._get_raw = True  # type: ignore[attr-defined]
+_cpu_sdpa_backward._get_raw = True  # type: ignore[attr-defined]
+_FLOP_FORMULAS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+}
+
+
+def profile(
+    model_path: str | Path,
+    *,
+    batch_size: int,
+    steps: int = 20,
+    warmup: int = 3,
+    device: str = "auto",
+    precision: StepPrecision = "fp32",
+    checkpointing: bool = False,
+    progress: Progress | None = None,
+    command: str | None = None,
+) -> ProfileRecord:
+    """Measure the model file's training step: memory, time, compute, environment.
+
+    Args:
+        model_path: the model file (see the README's model-file contract).
+        batch_size: samples per step.
+        steps: timed steps (uninstrumented) whose medians are reported.
+        warmup: steps run first and dropped.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        precision: ``fp32`` or an autocast dtype (``bf16``/``fp16``) with fp32 weights.
+        checkpointing: checkpoint every block of the model's block stack.
+        progress: called with ``(phase, done, total)``.
+        command: the command line to record (default: ``sys.argv``).
+
+    Raises:
+        AutotuneError: a bad option or anything wrong with the model file.
+    """
+    if batch_size < 1 or steps < 1 or warmup < 0:
+        raise AutotuneError("--batch-size and --steps must be >= 1, --warmup >= 0")
+    report = progress or (lambda phase, done, total: None)
+    model_file = load_model_file(model_path)
+    device_obj = dev.resolve_device(device)
+    runner = TrainRunner(model_file, device=device_obj, precision=precision, micro_batch=batch_size)
+    try:
+        if checkpointing:
+            _checkpoint_all(runner)
+        timings = _timed_steps(runner, steps, warmup, report)
+        memory, samples_seen = _measure_memory(runner, report)
+        compute = _measure_compute(runner, checkpointing)
+    finally:
+        runner.close()
+    report("environment", 0, 1)
+    peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
+    environment = _environment(device_obj, timings, peak_reason)
+    report("environment", 1, 1)
+    step_time = timings.summary()
+    tokens = model_file.tokens_per_sample(samples_seen)
+    return ProfileRecord(
+        config=ProfileConfig(
+            batch_size=batch_size,
+            precision=precision,
+            checkpointing=checkpointing,
+            steps=steps,
+            warmup=warmup,
+            device=device_obj.type,
+        ),
+        model=_model_info(runner.model, tokens),
+        memory=memory,
+        time=step_time,
+        throughput=Throughput(
+            samples_per_s=batch_size / step_time.step,
+            tokens_per_s=batch_size * tokens / step_time.step if tokens else None,
+        ),
+        compute=_utilisation(compute, step_time.step, device_obj, peak, peak_source),
+        environment=environment,
+        provenance=_provenance(model_file, command),
+    )
+
+
+def _checkpoint_all(runner: TrainRunner) -> None:
+    found = find_block_stack(runner.model)
+    if found is None:
+        raise AutotuneError(
+            f"--checkpointing on: {runner.model_file.path} has no repeated block stack "
+            "(an nn.ModuleList of >= 2 blocks of one class) to checkpoint"
+        )
+    apply_checkpointing(runner.model, len(found[1]))
+    runner.checkpoint_blocks = len(found[1])
+
+
+class _Timings:
+    """Timed steps and the NVML samples taken while they ran."""
+
+    def __init__(self, measured: list[StepTiming]) -> None:
+        self.measured = measured
+        self.nvml: Any = None
+        self.nvml_reason: str | None = None
+
+    def summary(self) -> StepTime:
+        totals = sorted(t.total for t in self.measured)
+        quartiles = statistics.quantiles(totals, n=4) if len(totals) > 1 else [totals[0]] * 3
+
+        def median(name: str) -> float:
+            return statistics.median(getattr(t, name) for t in self.measured)
+
+        return StepTime(
+            step=median("total"),
+            dataloader=median("dataloader"),
+            forward=median("forward"),
+            backward=median("backward"),
+            optimizer=median("optimizer"),
+            spread=Spread(
+                min=totals[0],
+                p25=quartiles[0],
+                median=quartiles[1],
+                p75=quartiles[2],
+                max=totals[-1],
+            ),
+            steps_measured=len(totals),
+        )
+
+
+def _timed_steps(runner: TrainRunner, steps: int, warmup: int, report: Progress) -> _Timings:
+    for index in range(warmup):
+        report("warm-up", index, warmup)
+        runner.step()
+    report("warm-up", warmup, warmup)
+    measured: list[StepTiming] = []
+    with dev.NvmlSampler(runner.device) as sampler:
+        for index in range(steps):
+            report("timed steps", index, steps)
+            measured.append(runner.step())
+    report("timed steps", steps, steps)
+    timings = _Timings(measured)
+    timings.nvml, timings.nvml_reason = sampler.result(), sampler.reason
+    return timings
+
+
+def _measure_memory(runner: TrainRunner, report: Progress) -> tuple[MemoryBreakdown, Any]:
+    """One tracked step for the states, saved tensors and the peak; then the activation fit."""
+    report("memory", 0, 2)
+    model, optimizer = runner.model, runner.optimizer
+    with mem.track_peak(model, optimizer, runner.device) as (tracker, peak_out):
+        batch = runner.next_batch()
+        with mem.count_saved_tensors(model) as saved:
+            loss = runner.forward(batch)
+        for category, keys in saved.keys.items():
+            tracker.mark_keys(keys, category)
+        runner.backward(loss)
+        del loss
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        gradients = mem.unique_bytes(grads)
+        tracker.mark(grads, "gradients")
+        del grads
+        runner.optimizer_step()
+        tracker.mark(mem.optimizer_state_tensors(optimizer), "optimizer_states")
+    peak = peak_out[0]
+    samples_seen = runner.last_batch
+    report("memory", 1, 2)
+    fit = _activation_fit(runner, saved)
+    report("memory", 2, 2)
+    breakdown = MemoryBreakdown(
+        parameters=mem.parameter_bytes(model),
+        buffers=mem.buffer_bytes(model),
+        gradients=gradients,
+        optimizer_states=mem.optimizer_state_bytes(optimizer),
+        activations=saved.activations,
+        autocast_weight_copies=saved.autocast_weight_copies,
+        activations_by_module=[ModuleBytes(module=k, bytes=v) for k, v in saved.by_module.items()],
+        activation_fit=fit,
+        peak=peak.peak,
+        peak_source=peak.source,  # type: ignore[arg-type]
+        at_peak=peak.at_peak,
+        cuda_reserved=peak.cuda_reserved,
+        process_rss=mem.process_rss(),
+        fits_judged_on="memory.peak ("
+        + (
+            "torch.cuda.max_memory_allocated"
+            if peak.cuda_reserved is not None
+            else "live tensor bytes"
+        )
+        + ")",
+    )
+    return breakdown, samples_seen
+
+
+def _count_forward(runner: TrainRunner, batch_size: int) -> mem.SavedTensors:
+    """Saved-for-backward bytes of one forward at ``batch_size`` (no backward, no step)."""
+    stream = runner.model_file.batches(batch_size)
+    try:
+        batch = runner.model_file.move(next(stream), runner.device)
+    finally:
+        stream.close()  # type: ignore[attr-defined]
+    with mem.count_saved_tensors(runner.model) as saved:
+        loss = runner.forward(batch)
+    del loss
+    return saved
+
+
+def _activation_fit(runner: TrainRunner, measured: mem.SavedTensors) -> ActivationFit | None:
+    """Activations as fixed + per-sample parts, without checkpointing, at B and a second size."""
+    b1 = runner.micro_batch
+    b2 = b1 // 2 if b1 >= 2 else 2
+    apply_checkpointing(runner.model, 0)
+    try:
+        first = measured if runner.checkpoint_blocks == 0 else _count_forward(runner, b1)
+        second = _count_forward(runner, b2)
+    finally:
+        apply_checkpointing(runner.model, runner.checkpoint_blocks)
+    low, high = sorted([(b1, first), (b2, second)], key=lambda pair: pair[0])
+    span = high[0] - low[0]
+    per_sample = (high[1].activations - low[1].activations) / span
+    fit: dict[str, Any] = {
+        "batch_sizes": (low[0], high[0]),
+        "fixed": round(low[1].activations - per_sample * low[0]),
+        "per_sample": per_sample,
+        "precision": runner.precision,
+    }
+    blocks_low, blocks_high = _block_bytes(low[1]), _block_bytes(high[1])
+    if blocks_low is not None and blocks_high is not None:
+        block_per_sample = (blocks_high - blocks_low) / span
+        fit["block_per_sample"] = block_per_sample
+        fit["block_fixed"] = round(blocks_low - block_per_sample * low[0])
+    if low[1].block_input is not None and high[1].block_input is not None:
+        fit["block_input_per_sample"] = (high[1].block_input - low[1].block_input) / span
+    return ActivationFit(**fit)
+
+
+def _block_bytes(saved: mem.SavedTensors) -> int | None:
+    """The median block's saved bytes (the first block may also hold shared tensors)."""
+    blocks = [size for name, size in saved.by_module.items() if name != mem.OTHER]
+    return int(statistics.median(blocks)) if blocks else None
+
+
+def _count_flops(runner: TrainRunner) -> float:
+    """FLOPs of one forward + backward (the optimizer's are not model FLOPs)."""
+    batch = runner.next_batch()
+    counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+    with counter:
+        loss = runner.forward(batch)
+        runner.backward(loss)
+    runner.optimizer.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def _measure_compute(runner: TrainRunner, checkpointing: bool) -> Compute:
+    """Hardware FLOPs as run; model FLOPs with checkpointing off (no recomputation)."""
+    hardware = _count_flops(runner)
+    model_flops = hardware
+    if checkpointing:
+        apply_checkpointing(runner.model, 0)
+        try:
+            model_flops = _count_flops(runner)
+        finally:
+            apply_checkpointing(runner.model, runner.checkpoint_blocks)
+    return Compute(flops_per_step=model_flops, hardware_flops_per_step=hardware)
+
+
+def _utilisation(
+    compute: Compute, step: float, device: torch.device, peak: float | None, source: str | None
+) -> Compute:
+    """Achieved FLOP/s, MFU (model FLOPs) and HFU (with recomputation) against ``peak``."""
+    achieved = compute.flops_per_step / step if compute.flops_per_step else None
+    hardware = compute.hardware_flops_per_step
+    note = "on CPU the peak is a measured matmul, not a datasheet figure" if source else None
+    return compute.model_copy(
+        update={
+            "achieved_flops_per_s": achieved,
+            "peak_flops_per_s": peak,
+            "peak_source": source,
+            "mfu": achieved / peak if achieved and peak else None,
+            "hfu": hardware / step / peak if hardware and peak else None,
+            "note": note if device.type == "cpu" else None,
+        }
+    )
+
+
+def _environment(device: torch.device, timings: _Timings, peak_reason: str | None) -> Environment:
+    versions = dev.versions()
+    unavailable: dict[str, str] = {}
+    if timings.nvml is None:
+        unavailable["nvml"] = timings.nvml_reason or "not sampled"
+    if peak_reason:
+        unavailable["compute.peak_flops_per_s"] = peak_reason
+    if versions["cuda"] is None:
+        unavailable["cuda_version"] = "torch is built without CUDA"
+    if versions["deepspeed"] is None:
+        unavailable["deepspeed_version"] = "deepspeed is not installed"
+    if device.type != "cuda":
+        unavailable["capabilities.compute_capability"] = "not a CUDA device"
+        unavailable["memory.cuda_reserved"] = "not a CUDA device"
+    return Environment(
+        device_type=device.type,
+        device_name=dev.device_name(device),
+        device_count=dev.device_count(device),
+        device_memory_bytes=dev.device_memory(device),
+        torch_version=str(versions["torch"]),
+        cuda_version=versions["cuda"],
+        deepspeed_version=versions["deepspeed"],
+        capabilities=dev.device_capabilities(device),
+        nvml=timings.nvml,
+        unavailable=unavailable,
+    )
+
+
+def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
+    found = find_block_stack(model)
+    stack = None
+    if found is not None:
+        path, blocks = found
+        stack = BlockStack(path=path, count=len(blocks), block_class=type(blocks[0]).__name__)
+    trainable = nn.ParameterList([p for p in model.parameters() if p.requires_grad])
+    get_input = getattr(model, "get_input_embeddings", None)
+    table = get_input() if callable(get_input) else None
+    embeddings = (
+        [table]
+        if isinstance(table, nn.Embedding)
+        else [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    )
+    config = getattr(model, "config", None)
+    return ModelInfo(
+        class_name=type(model).__name__,
+        parameters=unique_parameter_count(model),
+        trainable_parameters=unique_parameter_count(trainable),
+        embedding_parameters=sum(m.weight.numel() for m in embeddings),
+        largest_layer_parameters=max(
+            (sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
+            default=0,
+        ),
+        block_stack=stack,
+        tokens_per_sample=tokens,
+        hidden_size=getattr(config, "hidden_size", None),
+        num_attention_heads=getattr(config, "num_attention_heads", None),
+        num_layers=getattr(config, "num_hidden_layers", None),
+    )
+
+
+def _provenance(model_file: ModelFile, command: str | None) -> Provenance:
+    return Provenance(
+        command=command or " ".join(sys.argv),
+        model_file=str(model_file.path),
+        model_sha256=model_file.sha256,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        autotune_version=__version__,
+    )

@@ -1,0 +1,305 @@
+"""Child entry of one trial: read a spec, run the plan for a few steps, write the result file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autotune._io import read_record, write_record
+from autotune.search._records import StepSplit, TrialResult, WorkerSpec
+
+_AMP = {"fp32": "fp32", "amp_bf16": "bf16", "amp_fp16": "fp16", "bf16": "fp32", "fp16": "fp32"}
+
+
+class MemoryWatch:
+    """Samples this process's RSS in a thread: the peak for CPU trials, and a guard.
+
+    Above ``limit`` bytes the worker stops itself at once with a line the outcome
+    classifier reads as out-of-memory, long before the kernel's OOM killer would
+    pick a victim on a shared machine.
+    """
+
+    def __init__(self, limit: int | None, interval_s: float = 0.01) -> None:
+        self.process = psutil.Process()
+        self.base = self.process.memory_info().rss
+        self.peak = self.base
+        self.limit = limit
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name="autotune-memory-watch", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            rss = self.process.memory_info().rss
+            self.peak = max(self.peak, rss)
+            if self.limit is not None and rss > self.limit:
+                sys.stderr.write(f"autotune memory guard: RSS {rss} B > limit {self.limit} B\n")
+                sys.stderr.flush()
+                os._exit(3)
+
+    def rebase(self) -> None:
+        """Measure from here: the model file's own imports are not the plan's memory."""
+        self.base = self.peak = self.process.memory_info().rss
+        resource_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self._maxrss_at_base = resource_peak
+
+    def peak_delta(self) -> int:
+        """Peak RSS above the RSS before the model was built (bytes)."""
+        max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        # ru_maxrss only counts if it rose after the base (imports may have peaked higher).
+        grew = max_rss if max_rss > getattr(self, "_maxrss_at_base", 0) else 0
+        return max(self.peak, grew) - self.base
+
+    def stop(self) -> None:
+        """End the sampling thread."""
+        self._stop.set()
+
+
+def _rank() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _cast_floats(batch: Any, dtype: Any) -> Any:
+    """16-bit-weight engines need floating inputs in the weights' dtype."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {key: _cast_floats(value, dtype) for key, value in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(_cast_floats(value, dtype) for value in batch)
+    return batch
+
+
+class _Steps:
+    """The common step loop: warm-up, measured steps, a progress result after step one."""
+
+    def __init__(
+        self, spec: WorkerSpec, write: Callable[[TrialResult], None], watch: MemoryWatch
+    ) -> None:
+        self.spec = spec
+        self.watch = watch
+        self.write = write
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+    def run(self, step: Callable[[], tuple[float, float]]) -> None:
+        settings = self.spec.settings
+        for index in range(settings.warmup + settings.steps):
+            seconds, loss = step()
+            self.losses.append(loss)
+            if index >= settings.warmup:
+                self.times.append(seconds)
+            if index == 0:
+                # Marks the launch as started: a later failure is the plan's, not the port's.
+                self.write(TrialResult(completed_steps=1, loss_first=loss))
+
+
+def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
+    from autotune.runtime.modelfile import load_model_file
+    from autotune.runtime.step import TrainRunner
+
+    plan = spec.plan
+    model_file = load_model_file(spec.settings.model_file)
+    steps.watch.rebase()
+    runner = TrainRunner(
+        model_file,
+        device=spec.settings.device,
+        precision=_AMP[plan.precision],  # type: ignore[arg-type]
+        checkpoint_blocks=plan.checkpoint_blocks,
+        micro_batch=plan.micro_batch,
+        grad_accum=plan.grad_accum,
+        workers=plan.dataloader_workers or None,  # 0: keep the file's own loader
+        pin_memory=plan.pin_memory,
+        seed=spec.settings.seed,
+    )
+    if plan.compile:
+        import torch
+
+        runner.model = torch.compile(runner.model)  # type: ignore[assignment]
+    timings = []
+
+    def step() -> tuple[float, float]:
+        timing = runner.step()
+        timings.append(timing)
+        return timing.total, timing.loss
+
+    try:
+        steps.run(step)
+    finally:
+        runner.close()
+    measured = timings[spec.settings.warmup :]
+    split = StepSplit(
+        dataloader=statistics.median(t.dataloader for t in measured),
+        forward=statistics.median(t.forward for t in measured),
+        backward=statistics.median(t.backward for t in measured),
+        optimizer=statistics.median(t.optimizer for t in measured),
+    )
+    tokens = model_file.tokens_per_sample(runner.last_batch)
+    return {"split": split, "tokens": tokens, "device": runner.device, "engine": "torch"}
+
+
+def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
+    import deepspeed
+    import torch
+
+    from autotune.dsconfig import deepspeed_config
+    from autotune.runtime.blocks import apply_checkpointing
+    from autotune.runtime.device import synchronize
+    from autotune.runtime.modelfile import load_model_file
+
+    plan = spec.plan
+    model_file = load_model_file(spec.settings.model_file)
+    steps.watch.rebase()
+    torch.manual_seed(spec.settings.seed)
+    model = model_file.build_model()
+    apply_checkpointing(model, plan.checkpoint_blocks)
+    optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
+    config = deepspeed_config(plan, world_size=_rank()[1])
+    # A torch client optimizer avoids compiling DeepSpeed's own (60-75 s per trial shape).
+    config["zero_allow_untested_optimizer"] = True
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    batches = model_file.batches(plan.micro_batch, workers=plan.dataloader_workers or None)
+    weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+    amp = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(plan.precision)
+    last: list[Any] = [None]
+
+    def micro() -> float:
+        batch = next(batches)
+        last[0] = batch
+        batch = model_file.move(batch, engine.device)
+        if weights is not None:
+            batch = _cast_floats(batch, weights)
+        autocast = (
+            torch.autocast(engine.device.type, dtype=amp) if amp else contextlib.nullcontext()
+        )
+        with autocast:
+            loss = model_file.loss(engine, batch)
+        engine.backward(loss)
+        engine.step()
+        return float(loss.detach().float())
+
+    def step() -> tuple[float, float]:
+        start = time.perf_counter()
+        loss = sum(micro() for _ in range(plan.grad_accum)) / plan.grad_accum
+        synchronize(engine.device)
+        return time.perf_counter() - start, loss
+
+    steps.run(step)
+    tokens = model_file.tokens_per_sample(last[0])
+    return {"split": None, "tokens": tokens, "device": engine.device, "engine": "deepspeed"}
+
+
+def _warm_launcher(spec: WorkerSpec) -> TrialResult:
+    """Start DeepSpeed once on a throw-away model: compiles and caches its comm op."""
+    import deepspeed
+    import torch
+
+    world = _rank()[1]
+    model = torch.nn.Linear(4, 4)
+    config = {
+        "train_batch_size": world,
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_allow_untested_optimizer": True,
+    }
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return TrialResult(engine="deepspeed")
+
+
+def _peaks(device: Any, watch: MemoryWatch) -> tuple[list[int], str]:
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        peak, source = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    else:
+        peak, source = watch.peak_delta(), "cpu_rss_delta"
+    rank, world = _rank()
+    if world == 1:
+        return [peak], source
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, peak)
+    return [int(value) for value in gathered], source
+
+
+def run_trial(
+    spec: WorkerSpec, watch: MemoryWatch, write: Callable[[TrialResult], None]
+) -> TrialResult:
+    """Run the spec's plan (plain torch, or a DeepSpeed engine) and measure it."""
+    plan, settings = spec.plan, spec.settings
+    if spec.warmup_only:
+        return _warm_launcher(spec)
+    steps = _Steps(spec, write, watch)
+    use_deepspeed = plan.uses_deepspeed or _rank()[1] > 1
+    info = (_deepspeed_trial if use_deepspeed else _torch_trial)(spec, steps)
+    peaks, source = _peaks(info["device"], watch)
+    step_time = statistics.median(steps.times)
+    samples = plan.global_batch / step_time
+    tokens = info["tokens"]
+    return TrialResult(
+        completed_steps=len(steps.losses),
+        samples_per_s=samples,
+        tokens_per_s=samples * tokens if tokens else None,
+        step_time=step_time,
+        step_times=steps.times,
+        split=info["split"],
+        peak_memory_bytes=peaks,
+        peak_source=source,
+        device_memory=settings.device_memory,
+        loss_first=steps.losses[0],
+        loss_last=steps.losses[-1],
+        engine=info["engine"],
+    )
+
+
+def _iter_lines(exc: BaseException) -> Iterator[str]:
+    yield from traceback.format_exception(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m autotune.runtime.trial_worker SPEC.json``: exit 0 with a result file, else 1."""
+    args = sys.argv[1:] if argv is None else argv
+    spec = read_record(args[0], WorkerSpec, "trial spec")
+    rank = _rank()[0]
+    result_path = Path(spec.result_path)
+
+    def write(result: TrialResult) -> None:
+        if rank == 0:
+            write_record(result_path, result)
+
+    watch = MemoryWatch(spec.settings.memory_guard)
+    try:
+        result = run_trial(spec, watch, write)
+    except Exception as exc:
+        sys.stderr.writelines(_iter_lines(exc))
+        write(
+            TrialResult(
+                error=f"{type(exc).__name__}: {exc}", device_memory=spec.settings.device_memory
+            )
+        )
+        return 1
+    finally:
+        watch.stop()
+    write(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

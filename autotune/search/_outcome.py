@@ -1,0 +1,73 @@
+"""Classify a finished trial launch as ok, out of memory, timeout or crash (pure)."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from autotune.search._records import Outcome, TrialResult
+
+# Texts that mean the device or the process ran out of memory, from torch, CUDA,
+# the CPU allocator and our own worker-side memory guard.
+_OOM_PATTERNS = re.compile(
+    r"OutOfMemoryError|CUDA out of memory|out of memory|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|DefaultCPUAllocator: can't allocate memory|std::bad_alloc|MemoryError"
+    r"|autotune memory guard",
+    re.IGNORECASE,
+)
+# torchrun reports a rank killed by a signal in its own words, not in its return code.
+_RANK_SIGKILL = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b")
+_SIGKILL_CODES = (-signal.SIGKILL, 128 + signal.SIGKILL)
+
+
+def classify_outcome(
+    returncode: int | None,
+    timed_out: bool,
+    result: TrialResult | None,
+    stderr_tail: str,
+) -> Outcome:
+    """Decide what became of one trial launch.
+
+    Args:
+        returncode: the launcher's exit status (negative: killed by that signal).
+        timed_out: whether the parent killed the process group at the timeout.
+        result: the result file rank 0 wrote, or ``None`` if it wrote none.
+        stderr_tail: the last lines of the launch's stderr.
+
+    Returns:
+        ``"timeout"`` if we killed it; ``"oom"`` for a device or CPU out-of-memory
+        error, a measured peak above the budget, or a SIGKILL we did not send (the
+        kernel's OOM killer); ``"ok"`` for a clean run with a result; else ``"crash"``.
+    """
+    if timed_out:
+        return "timeout"
+    error = result.error if result is not None else None
+    if _OOM_PATTERNS.search(error or "") or _OOM_PATTERNS.search(stderr_tail):
+        return "oom"
+    if returncode == 0 and result is not None and error is None and result.completed_steps > 0:
+        return "oom" if over_budget(result) else "ok"
+    if returncode in _SIGKILL_CODES or _RANK_SIGKILL.search(stderr_tail):
+        return "oom"
+    return "crash"
+
+
+def over_budget(result: TrialResult) -> bool:
+    """Whether the measured peak of any rank exceeds the budget the worker was given."""
+    peak = result.peak
+    return result.device_memory is not None and peak is not None and peak > result.device_memory
+
+
+def outcome_reason(outcome: Outcome, result: TrialResult | None, stderr_tail: str) -> str | None:
+    """One line saying why a trial did not end ``ok`` (``None`` when it did)."""
+    if outcome == "ok":
+        return None
+    if outcome == "timeout":
+        return "killed at the trial timeout"
+    if outcome == "oom" and result is not None and over_budget(result):
+        return f"measured peak {result.peak} B > budget {result.device_memory} B ({result.peak_source})"
+    if result is not None and result.error:
+        return result.error.splitlines()[-1][:300]
+    lines = [line for line in stderr_tail.splitlines() if line.strip()]
+    if outcome == "oom" and not any(_OOM_PATTERNS.search(line) for line in lines):
+        return "killed by SIGKILL not sent by autotune (kernel OOM killer)"
+    return lines[-1][:300] if lines else "exited without a result"

@@ -1,0 +1,142 @@
+"""The records a tune run passes around: trial spec, worker result, trial and tune records."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.plan import Plan
+from autotune.recommend import MeasuredPlan, Recommendation
+
+SCHEMA_VERSION = 1
+
+Outcome = Literal["ok", "oom", "timeout", "crash"]
+TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
+Role = Literal["policy", "baseline", "search"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrialSettings(_Record):
+    """What every trial of one study shares: the model, the step counts, the budget."""
+
+    model_file: str
+    steps: int = Field(default=3, ge=1, description="measured optimizer steps")
+    warmup: int = Field(default=1, ge=0, description="optimizer steps run first and dropped")
+    device: str = Field(default="auto", description="auto, cpu or cuda")
+    device_memory: int | None = Field(default=None, description="budget per device in bytes")
+    memory_guard: int | None = Field(
+        None, description="RSS per rank above which the worker stops itself (protects the machine)"
+    )
+    timeout_s: float = Field(default=600.0, gt=0, description="hard limit per launch")
+    seed: int = 0
+
+
+class WorkerSpec(_Record):
+    """The file a trial worker reads: the settings, the plan, where to write the result."""
+
+    settings: TrialSettings
+    plan: Plan
+    result_path: str
+    warmup_only: bool = Field(
+        default=False, description="only pay launcher start-up (comm-op compile)"
+    )
+
+
+class StepSplit(_Record):
+    """Median seconds per optimizer step, by phase (plain-torch trials only)."""
+
+    dataloader: float
+    forward: float
+    backward: float
+    optimizer: float
+
+
+class TrialResult(_Record):
+    """What rank 0 of a trial writes; ``None`` means not measured."""
+
+    completed_steps: int = 0
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time: float | None = Field(default=None, description="median seconds per optimizer step")
+    step_times: list[float] = Field(default_factory=list)
+    split: StepSplit | None = None
+    peak_memory_bytes: list[int] = Field(default_factory=list, description="one per rank")
+    peak_source: str | None = Field(default=None, description="cuda_max_allocated or cpu_rss_delta")
+    device_memory: int | None = Field(
+        default=None, description="the budget the peak is judged against"
+    )
+    loss_first: float | None = None
+    loss_last: float | None = None
+    engine: Literal["torch", "deepspeed", "none"] = "torch"
+    error: str | None = Field(
+        default=None, description="exception type and message, if the step raised"
+    )
+
+    @property
+    def peak(self) -> int | None:
+        """The largest per-rank peak, the figure a budget check uses."""
+        return max(self.peak_memory_bytes) if self.peak_memory_bytes else None
+
+
+class RunReport(_Record):
+    """One launch as the parent saw it, before classification."""
+
+    returncode: int | None
+    timed_out: bool
+    result: TrialResult | None
+    stderr_tail: str = ""
+    duration_s: float
+    launches: int = Field(
+        1, description="launch attempts, retries after rendezvous failures included"
+    )
+
+
+class TrialRecord(_Record):
+    """One trial of the study: the plan, what happened, what it measured."""
+
+    number: int
+    plan: Plan
+    role: Role = "search"
+    state: TrialState
+    outcome: Outcome | None = None
+    reason: str | None = Field(default=None, description="why pruned or failed")
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_source: str | None = None
+    predicted_peak_bytes: int | None = None
+    prediction_source: str | None = None
+    stderr_tail: str | None = None
+    duration_s: float | None = None
+
+
+class Comparison(_Record):
+    """The final interleaved re-runs: medians and ranges over repeats."""
+
+    repeats: int
+    measured: list[MeasuredPlan]
+    labels: list[str] = Field(description="best, baseline, runner-up: one per measured entry")
+    speedup: float | None = None
+    speedup_interval: tuple[float, float] | None = None
+
+
+class TuneRecord(_Record):
+    """Everything one ``autotune tune`` run decided and measured."""
+
+    schema_version: int = SCHEMA_VERSION
+    model_file: str
+    study: str
+    storage: str
+    global_batch: int
+    nproc: int
+    device_memory: int | None
+    objective: Literal["tokens_per_s", "samples_per_s"]
+    trials: list[TrialRecord]
+    comparison: Comparison | None = None
+    recommendation: Recommendation | None = None
+    notes: list[str] = Field(default_factory=list)

@@ -1,0 +1,244 @@
+"""Trial runners: launch one plan as a child process group (or fake it) and report what happened."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from autotune._io import write_record
+from autotune.plan import Plan
+from autotune.search._records import RunReport, TrialResult, TrialSettings, WorkerSpec
+
+WORKER_MODULE = "autotune.runtime.trial_worker"
+TAIL_CHARS = 4000
+EXTENSIONS_DIR = Path("~/.cache/autotune-torch-extensions").expanduser()
+# A launch that dies with one of these before its first step lost a port race or a
+# rendezvous, not the plan: it is relaunched on a fresh port.
+_RENDEZVOUS = re.compile(
+    r"Address already in use|EADDRINUSE|RendezvousError|DistNetworkError|DistStoreError"
+    r"|rendezvous|Connection refused|connect\(\) timed out",
+    re.IGNORECASE,
+)
+
+
+class TrialRunner:
+    """Runs one plan and reports how the launch ended. Subclass and implement :meth:`run`."""
+
+    def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
+        """Run ``plan`` with ``settings`` (never raises for a failing plan)."""
+        raise NotImplementedError
+
+    def warm_up(self, plans: list[Plan], settings: TrialSettings) -> float:
+        """Pay launcher start-up once before the study; returns the seconds spent."""
+        return 0.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def read_result(path: Path) -> TrialResult | None:
+    """The worker's result file, or ``None`` if it is missing or unreadable."""
+    try:
+        return TrialResult.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, ValidationError):
+        return None
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a whole process group; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class SubprocessRunner(TrialRunner):
+    """Each trial in a new session: ``python -m WORKER`` for one rank, torchrun for several.
+
+    Args:
+        worker: the worker module (or a ``.py`` path) that reads a :class:`WorkerSpec`.
+        python: the interpreter.
+        retries: relaunches, on a fresh port, of a launch that failed before its
+            first step with a port or rendezvous error.
+        env: extra environment for the children.
+        workdir: where spec and result files go (a temporary folder if ``None``).
+    """
+
+    def __init__(
+        self,
+        *,
+        worker: str = WORKER_MODULE,
+        python: str = sys.executable,
+        retries: int = 2,
+        env: Mapping[str, str] | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.worker = worker
+        self.python = python
+        self.retries = retries
+        self.env = dict(env or {})
+        self.workdir = Path(workdir) if workdir is not None else None
+
+    def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
+        """Launch ``plan``; relaunch on a fresh port after a rendezvous failure."""
+        start = time.monotonic()
+        for attempt in range(1, self.retries + 2):
+            report = self._launch(plan, settings, warmup_only=False)
+            if not _failed_to_start(report) or attempt > self.retries:
+                break
+        duration = time.monotonic() - start
+        return report.model_copy(update={"launches": attempt, "duration_s": duration})
+
+    def warm_up(self, plans: list[Plan], settings: TrialSettings) -> float:
+        """One throw-away launch per rank count that starts DeepSpeed (its comm-op compile)."""
+        start = time.monotonic()
+        shapes = {p.world_size: p for p in plans if p.uses_deepspeed or p.world_size > 1}
+        for plan in shapes.values():
+            self._launch(plan, settings, warmup_only=True)
+        return time.monotonic() - start
+
+    def command(self, plan: Plan, spec_path: Path, port: int) -> list[str]:
+        """The launch command for ``plan``'s number of ranks."""
+        target = [self.worker] if self.worker.endswith(".py") else ["-m", self.worker]
+        if plan.world_size == 1:
+            return [self.python, *target, str(spec_path)]
+        return [
+            self.python, "-m", "torch.distributed.run", "--nnodes=1",
+            f"--nproc-per-node={plan.world_size}", "--master-addr=127.0.0.1",
+            f"--master-port={port}", *target, str(spec_path),
+        ]  # fmt: skip
+
+    def child_env(self, plan: Plan, settings: TrialSettings, port: int) -> dict[str, str]:
+        """The environment of a launch: rendezvous for one rank, threads, extension cache."""
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
+        threads = max(1, (os.cpu_count() or 1) // plan.world_size)
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+        if settings.device == "cpu":
+            env.setdefault("DS_ACCELERATOR", "cpu")
+        if plan.world_size == 1:
+            # DeepSpeed looks for MPI unless the single rank is described like this.
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        return env
+
+    def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
+        if self.workdir is not None:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="trial-", dir=self.workdir) as tmp:
+            folder = Path(tmp)
+            result_path = folder / "result.json"
+            spec = WorkerSpec(
+                settings=settings, plan=plan, result_path=str(result_path), warmup_only=warmup_only
+            )
+            spec_path = write_record(folder / "spec.json", spec)
+            port = free_port()
+            returncode, timed_out, duration = self._wait(
+                self.command(plan, spec_path, port),
+                self.child_env(plan, settings, port),
+                folder / "stderr.txt",
+                settings.timeout_s,
+            )
+            tail = _tail(folder / "stderr.txt")
+            result = read_result(result_path)
+        return RunReport(
+            returncode=returncode,
+            timed_out=timed_out,
+            result=result,
+            stderr_tail=tail,
+            duration_s=duration,
+        )
+
+    def _wait(
+        self, cmd: list[str], env: dict[str, str], log: Path, timeout: float
+    ) -> tuple[int | None, bool, float]:
+        start = time.monotonic()
+        with log.open("wb") as err:
+            # stdout goes to the log too: DeepSpeed prints there, and --json owns our stdout.
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            except BaseException:
+                kill_group(proc.pid)
+                proc.wait()
+                raise
+            # Always: grandchildren (DataLoader workers, ranks) must not outlive the trial.
+            kill_group(proc.pid)
+            proc.wait()
+        return (None if timed_out else proc.returncode), timed_out, time.monotonic() - start
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-TAIL_CHARS:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+def _failed_to_start(report: RunReport) -> bool:
+    started = report.result is not None and report.result.completed_steps > 0
+    return (
+        not report.timed_out
+        and report.returncode != 0
+        and not started
+        and bool(_RENDEZVOUS.search(report.stderr_tail))
+    )
+
+
+Behaviour = Callable[[Plan, TrialSettings], TrialResult | str]
+
+
+class FakeRunner(TrialRunner):
+    """A runner for tests: ``behaviour(plan, settings)`` returns a result, or
+    ``"timeout"``/``"crash"``/``"oom"`` to fake those endings. Records every plan run.
+    """
+
+    def __init__(self, behaviour: Behaviour, *, delay_s: float = 0.0) -> None:
+        self.behaviour = behaviour
+        self.delay_s = delay_s
+        self.plans: list[Plan] = []
+
+    def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
+        """Fake one launch of ``plan``."""
+        self.plans.append(plan)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        outcome = self.behaviour(plan, settings)
+        if isinstance(outcome, TrialResult):
+            return RunReport(returncode=0, timed_out=False, result=outcome, duration_s=self.delay_s)
+        if outcome == "timeout":
+            return RunReport(
+                returncode=None, timed_out=True, result=None, duration_s=settings.timeout_s
+            )
+        if outcome == "oom":
+            tail = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+            return RunReport(
+                returncode=1, timed_out=False, result=None, stderr_tail=tail, duration_s=0.0
+            )
+        tail = f"RuntimeError: fake crash of {plan.describe()}"
+        return RunReport(
+            returncode=1, timed_out=False, result=None, stderr_tail=tail, duration_s=0.0
+        )

@@ -1,0 +1,252 @@
+"""``tune()``: run the study (ask, prune, run, tell), then re-measure the winners interleaved."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autotune._errors import AutotuneError
+from autotune.plan import Plan
+from autotune.search import _study
+from autotune.search._compare import compare, recommendation
+from autotune.search._outcome import classify_outcome, outcome_reason
+from autotune.search._records import TrialRecord, TrialSettings, TuneRecord
+from autotune.search._runner import TrialRunner
+from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the CLI shows after each trial."""
+
+    measured: int
+    target: int
+    best: TrialRecord | None
+    last: TrialRecord
+    seconds_left: float | None
+
+
+def _fit_micro_batch(space: SearchSpace, plan: Plan) -> Plan:
+    """The plan moved onto the space: the largest allowed micro-batch not above its own."""
+    allowed = [m for m in space.micro_batches if m <= plan.micro_batch] or [1]
+    blocks = min(plan.checkpoint_blocks, space.blocks)
+    point = {**space.params(plan), "micro_batch": allowed[-1], "checkpoint_blocks": blocks}
+    return space.plan(point).with_changes(
+        **{
+            k: getattr(plan, k)
+            for k in ("attention", "compile", "dataloader_workers", "pin_memory")
+        }
+    )
+
+
+def _value(record: TrialRecord) -> float | None:
+    return record.tokens_per_s if record.tokens_per_s is not None else record.samples_per_s
+
+
+def best_records(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Measured-ok trials, best first, one per distinct plan."""
+    seen: set[str] = set()
+    ranked = []
+    for record in sorted(
+        (r for r in records if r.outcome == "ok" and _value(r) is not None),
+        key=lambda r: -(_value(r) or 0.0),
+    ):
+        key = record.plan.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            ranked.append(record)
+    return ranked
+
+
+class _Search:
+    """One worker's ask-run-tell loop over a shared study."""
+
+    def __init__(self, study: Any, space: SearchSpace, runner: TrialRunner,
+                 settings: TrialSettings, predict: Predict | None) -> None:  # fmt: skip
+        self.study, self.space, self.runner = study, space, runner
+        self.settings, self.predict = settings, predict
+
+    def step(self) -> TrialRecord:
+        """Ask for one plan and decide it: pruned without running, or run and measured."""
+        from optuna.trial import TrialState as State
+
+        trial, plan, role = _study.ask(self.study, self.space)
+        others = [r for r in _study.records(self.study) if r.number != trial.number]
+        prediction = self.predict(plan) if self.predict is not None else None
+        reason = self._skip_reason(plan, others, trial.number, prediction)
+        fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
+        if prediction is not None:
+            fields.update(
+                predicted_peak_bytes=prediction.peak_bytes, prediction_source=prediction.source
+            )
+        _study.store(trial, fields)
+        outcome = fields.get("outcome")
+        value = fields.get("tokens_per_s") or fields.get("samples_per_s")
+        if outcome == "ok" and value:
+            self.study.tell(trial, value)
+        elif outcome in ("timeout", "crash"):
+            self.study.tell(trial, state=State.FAIL)
+        else:
+            self.study.tell(trial, state=State.PRUNED)
+        record = _study.to_record(self.study._storage.get_trial(trial._trial_id))
+        assert record is not None
+        return record
+
+    def _skip_reason(self, plan: Plan, others: list[TrialRecord], number: int,
+                     prediction: Prediction | None) -> str | None:  # fmt: skip
+        for other in others:
+            done = other.state in ("complete", "pruned", "failed") and other.outcome is not None
+            # Two workers asking for one plan at once: the lower trial number runs it.
+            racing = other.state == "running" and other.number < number
+            if other.plan == plan and (done or racing):
+                return f"same plan as trial {other.number}"
+        lesson = oom_lesson(plan, [r.plan for r in others if r.outcome == "oom"])
+        if lesson is not None:
+            return f"micro-batch {lesson.micro_batch} ran out of memory with the same knobs"
+        if prediction is not None and not prediction.fits:
+            return f"predicted not to fit: {prediction.reason or 'over the budget'}"
+        return None
+
+    def _measure(self, plan: Plan) -> dict[str, Any]:
+        report = self.runner.run(plan, self.settings)
+        outcome = classify_outcome(
+            report.returncode, report.timed_out, report.result, report.stderr_tail
+        )
+        result = report.result
+        fields: dict[str, Any] = {
+            "outcome": outcome,
+            "reason": outcome_reason(outcome, result, report.stderr_tail),
+            "duration_s": report.duration_s,
+            "stderr_tail": report.stderr_tail[-2000:] if outcome != "ok" else None,
+        }
+        if result is not None and result.completed_steps > 0:
+            fields.update(peak_memory_bytes=result.peak, peak_source=result.peak_source,
+                          step_time=result.step_time)  # fmt: skip
+            if outcome == "ok":
+                fields.update(samples_per_s=result.samples_per_s, tokens_per_s=result.tokens_per_s)
+        return fields
+
+
+def tune(
+    model_file: str,
+    *,
+    global_batch: int,
+    settings: TrialSettings,
+    runner: TrialRunner,
+    nproc: int = 1,
+    blocks: int = 0,
+    policy: Plan | None = None,
+    baseline: Plan | None = None,
+    predict: Predict | None = None,
+    trials: int = 20,
+    budget_s: float | None = None,
+    storage: str | None = None,
+    study_name: str = "autotune",
+    repeats: int = 3,
+    seed: int | None = None,
+    code_changes: Callable[[Plan], list[Any]] | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> TuneRecord:
+    """Search plans with real short trials and recommend the fastest that fits.
+
+    Args:
+        model_file: the model file every trial builds.
+        global_batch: samples per optimizer step, kept by every plan.
+        settings: steps, warm-up, device, budget and timeout of each trial.
+        runner: launches trials (:class:`SubprocessRunner`, or a fake in tests).
+        nproc: ranks per trial; ZeRO stages are searched when > 1.
+        blocks: L, the blocks of the model's stack (0: no checkpointing knob).
+        policy: the policy's plan, run first; its other knobs hold for all trials.
+        baseline: the user's current configuration (default: the whole per-rank
+            batch in one micro-batch, nothing else turned on).
+        predict: the estimate; plans it says cannot fit are pruned, never run.
+        trials: plans to measure in the study (pruned ones do not count).
+        budget_s: stop starting trials after this many seconds of trial time.
+        storage: Optuna RDB URL or sqlite path (default ``autotune-tune.db``);
+            rerunning resumes the study.
+        study_name: the study's name in the storage.
+        repeats: interleaved re-runs of best, baseline and runner-up at the end.
+        code_changes: ``plan -> [CodeChange]`` for the recommendation.
+        seed: the sampler's seed (``None``: random, so shared-study workers differ).
+        progress: called after each trial.
+
+    Returns:
+        The record of all trials, the final comparison and the recommendation.
+    """
+    space = make_space(global_batch, nproc, blocks, policy, baseline)
+    per_rank = global_batch // nproc
+    base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc)
+    if base_plan.global_batch != global_batch:
+        raise AutotuneError(
+            f"--baseline: global batch {base_plan.global_batch} != --global-batch {global_batch}"
+        )
+    study = _study.open_study(storage, study_name, seed)
+    notes = [f"trial {n} was left running by a killed process: marked failed and queued again"
+             for n in _study.recover_stale(study)]  # fmt: skip
+    policy_plan = _fit_micro_batch(space, space.base)
+    if policy_plan == base_plan:
+        _study.enqueue(study, space, base_plan, "baseline")
+    else:
+        _study.enqueue(study, space, policy_plan, "policy")
+        _study.enqueue(study, space, base_plan, "baseline")
+    shapes = [base_plan, policy_plan] + (
+        [space.plan({"micro_batch": 1, "zero_stage": 1})] if nproc > 1 else []
+    )
+    warm = runner.warm_up(shapes, settings)
+    if warm:
+        notes.append(f"launcher start-up paid once before the study: {warm:.1f} s (not trial time)")
+    _run_study(_Search(study, space, runner, settings, predict), trials, budget_s, progress)
+    return _finish(study, space, runner, settings, model_file, base_plan, repeats,
+                   code_changes, notes, storage, study_name, nproc, global_batch)  # fmt: skip
+
+
+def _run_study(search: _Search, trials: int, budget_s: float | None,
+               progress: Callable[[Progress], None] | None) -> None:  # fmt: skip
+    start = time.monotonic()
+    asks = 0
+    cap = 20 * trials + search.space.size()
+    while asks < cap:
+        existing = _study.records(search.study)
+        measured = sum(1 for r in existing if r.outcome is not None and r.state != "running")
+        decided = {
+            r.plan.model_dump_json()
+            for r in existing
+            if r.state in ("complete", "pruned", "failed")
+        }
+        left = None if budget_s is None else budget_s - (time.monotonic() - start)
+        if (
+            measured >= trials
+            or len(decided) >= search.space.size()
+            or (left is not None and left <= 0)
+        ):
+            return
+        record = search.step()
+        asks += 1
+        if progress is not None:
+            all_records = _study.records(search.study)
+            ranked = best_records(all_records)
+            count = sum(1 for r in all_records if r.outcome is not None)
+            left = None if budget_s is None else budget_s - (time.monotonic() - start)
+            progress(Progress(count, trials, ranked[0] if ranked else None, record, left))
+
+
+def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
+            model_file: str, base_plan: Plan, repeats: int,
+            code_changes: Callable[[Plan], list[Any]] | None, notes: list[str],
+            storage: str | None, study_name: str, nproc: int, global_batch: int) -> TuneRecord:  # fmt: skip
+    records = _study.records(study)
+    ranked = best_records(records)
+    baseline = next((r for r in records if r.role == "baseline" and r.outcome == "ok"), None)
+    if baseline is None:
+        notes.append("the baseline did not run to completion: no speedup is reported")
+    comparison = compare(runner, settings, ranked, baseline, repeats) if ranked else None
+    rec = recommendation(ranked, baseline, comparison, model_file, code_changes, notes)
+    tokens = any(r.tokens_per_s is not None for r in ranked)
+    return TuneRecord(
+        model_file=model_file, study=study_name, storage=_study.storage_url(storage),
+        global_batch=global_batch, nproc=nproc, device_memory=settings.device_memory,
+        objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
+        comparison=comparison, recommendation=rec, notes=notes,
+    )  # fmt: skip

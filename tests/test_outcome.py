@@ -1,0 +1,52 @@
+"""The pure outcome classifier, fed with fake errors and results."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.search import TrialResult, classify_outcome, outcome_reason
+
+OK = TrialResult(
+    completed_steps=3, samples_per_s=10.0, peak_memory_bytes=[100, 120], device_memory=200
+)
+OVER = TrialResult(
+    completed_steps=3, samples_per_s=10.0, peak_memory_bytes=[100, 250], device_memory=200
+)
+NO_BUDGET = TrialResult(completed_steps=3, samples_per_s=10.0, peak_memory_bytes=[10**12])
+RAISED = TrialResult(error="RuntimeError: shapes do not match")
+CUDA_OOM = TrialResult(error="OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB")
+
+CASES = [
+    # returncode, timed_out, result, stderr tail, expected
+    (0, False, OK, "", "ok"),
+    (0, False, NO_BUDGET, "", "ok"),
+    (0, False, OVER, "", "oom"),
+    (None, True, None, "", "timeout"),
+    (None, True, OK, "CUDA out of memory", "timeout"),
+    (1, False, CUDA_OOM, "", "oom"),
+    (1, False, None, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB", "oom"),
+    (1, False, None, "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried", "oom"),
+    (3, False, None, "autotune memory guard: RSS 9 B > limit 8 B", "oom"),
+    (-9, False, None, "", "oom"),
+    (137, False, None, "", "oom"),
+    (1, False, None, "torch.distributed.elastic... exitcode  : -9 (pid: 1234)", "oom"),
+    (1, False, RAISED, "Traceback ...\nRuntimeError: shapes do not match", "crash"),
+    (1, False, None, "ImportError: no module named foo", "crash"),
+    (0, False, None, "", "crash"),
+    (0, False, TrialResult(completed_steps=0), "", "crash"),
+    (-15, False, None, "", "crash"),
+]
+
+
+@pytest.mark.parametrize(("code", "timed_out", "result", "tail", "expected"), CASES)
+def test_classify(code, timed_out, result, tail, expected) -> None:
+    assert classify_outcome(code, timed_out, result, tail) == expected
+
+
+def test_reasons_name_the_cause() -> None:
+    assert outcome_reason("ok", OK, "") is None
+    assert "timeout" in (outcome_reason("timeout", None, "") or "")
+    assert "250 B > budget 200 B" in (outcome_reason("oom", OVER, "") or "")
+    assert "OOM killer" in (outcome_reason("oom", None, "") or "")
+    assert outcome_reason("crash", RAISED, "") == "RuntimeError: shapes do not match"
+    assert outcome_reason("crash", None, "line one\nValueError: bad\n\n") == "ValueError: bad"

@@ -1,0 +1,64 @@
+"""`autotune tune` from the command line: one-line errors, and a real end-to-end run (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.py", "--global-batch", "4"], "missing.py: no such model file"),
+        (
+            ["{model}", "--global-batch", "3", "--nproc", "2"],
+            "--global-batch 3 does not split over --nproc 2",
+        ),
+        (
+            ["{model}", "--global-batch", "4", "--out-dir", "nowhere"],
+            "--out-dir nowhere: no such directory",
+        ),
+        (["{model}", "--global-batch", "4", "--baseline", "mb=x"], "--baseline"),
+        (["{model}", "--global-batch", "4", "--device-memory", "lots"], "--device-memory"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: list[str], message: str, examples_dir: Path,
+                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    model = str(examples_dir / "mlp_dataloader.py")
+    result = CliRunner().invoke(app, ["tune", *(a.format(model=model) for a in args)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_writes_recommendation_and_ds_config(
+    examples_dir: Path, tmp_path: Path
+) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    cmd = [
+        str(Path(sys.executable).with_name("autotune")), "tune", str(examples_dir / "mlp_dataloader.py"),
+        "--global-batch", "8", "--trials", "2", "--repeats", "0", "--steps", "1", "--warmup", "0",
+        "--device", "cpu", "--out-dir", str(tmp_path), "--storage", str(tmp_path / "t.db"), "--json",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout)  # stdout holds the record and nothing else
+    measured = [t for t in record["trials"] if t["outcome"] is not None]
+    assert len(measured) == 2
+    assert record["trials"][0]["role"] in ("policy", "baseline")
+    rec = json.loads((tmp_path / "recommendation.json").read_text())
+    assert rec["source"] == "tune" and rec["plan"] == record["recommendation"]["plan"]
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    plan = rec["plan"]
+    assert config["train_batch_size"] == 8
+    assert config["train_micro_batch_size_per_gpu"] == plan["micro_batch"]
