@@ -99,13 +99,18 @@ def _recompute_live(
     return max(candidates, key=lambda pair: pair[0] + pair[1])
 
 
-def _which(facts: ModelFacts, live: dict[str, float]) -> str:
-    """The moment a measured peak was taken at, from what was live."""
+def _which(facts: ModelFacts, live: dict[str, float], saved: float) -> str:
+    """The moment a measured peak was taken at, from what was live.
+
+    ``saved`` is the profiled plan's activations at the start of backward: the
+    optimizer moment has all gradients and (almost) none of them, whereas a loop
+    that keeps its gradients between steps has both at the start of backward.
+    """
     base = facts.baseline
     assert base is not None
     full = states_for(facts, base.plan).gradients
-    if full and live["gradients"] >= 0.9 * full:
-        return "optimizer"  # all gradients exist: the backward is over
+    if full and live["gradients"] >= 0.9 * full and live["activations"] <= 0.1 * saved:
+        return "optimizer"  # all gradients exist and the activations are gone: backward is over
     if base.plan.checkpoint_blocks and live["gradients"] > 0:
         return "recompute"  # some gradients, under checkpointing: a block is being recomputed
     return "backward"
@@ -123,8 +128,8 @@ def predict_peak(facts: ModelFacts, plan: Plan) -> tuple[float, float, str, cm.S
         name = max(totals, key=lambda key: totals[key])
         return totals[name], 0.0, f"{name} (sum of live categories)", states, source
     live = {c: float(v) for c, v in base.at_peak.model_dump().items()}
-    moment = _which(facts, live)
     old, _, _ = moments(facts, base.plan)
+    moment = _which(facts, live, old["backward"]["activations"])
     # temporaries per activation byte at the measured moment (backward's own buffers)
     moment_act = old[moment]["activations"] if moment in old else 0.0
     per_act = live["temporaries"] / moment_act if moment != "optimizer" and moment_act else 0.0

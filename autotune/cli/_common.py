@@ -6,15 +6,38 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic import BaseModel
-from rich.console import Console
 
 from autotune._errors import AutotuneError
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console made on first use: importing rich costs ~0.1 s that --help need not pay."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        """The real Console (for APIs that need one, e.g. rich's Progress)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+console = _LazyConsole(stderr=False)
+err_console = _LazyConsole(stderr=True)
 
 
 def debug_enabled() -> bool:

@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
 from autotune._errors import AutotuneError
 from autotune.cli._common import console, err_console, print_json, user_errors
-from autotune.plan import Plan, parse_plan
 from autotune.units import format_bytes, format_count, parse_bytes, parse_count
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from autotune.estimate import EstimateRecord, ModelFacts
+    from autotune.plan import Plan
     from autotune.records import ProfileRecord
 
 _PLAN_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
@@ -140,6 +141,8 @@ def _base_plan(
     """The plan ``autotune profile`` runs with these options (the profile's own with --profile),
     and whether every block is checkpointed (L is known only once the model is).
     """
+    from autotune.plan import Plan
+
     values: dict[str, object] = {"precision": "fp32", "micro_batch": 1}
     ckpt_all = False
     if profile is not None:
@@ -174,6 +177,8 @@ def _read_profile(path: Path) -> ProfileRecord:
 
 def _needed_precisions(base: Plan, plans: list[str], all_plans: bool) -> tuple[str, ...]:
     """Precisions whose activations must be traced: the base plan's, each --plan's, the grid's."""
+    from autotune.plan import parse_plan
+
     needed = {base.precision}
     for text in plans:
         needed.add(parse_plan(text, base).precision)
@@ -246,6 +251,7 @@ def _measured_facts(profiles: list[Path]) -> ModelFacts:
 
 def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> list[Plan]:
     from autotune.estimate import plan_grid
+    from autotune.plan import parse_plan
 
     if all_plans and plans:
         raise AutotuneError("--plan and --all-plans: give one of them")
@@ -258,6 +264,8 @@ def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> 
 
 def _claim(text: str, base: Plan) -> tuple[Plan, int]:
     """``stage=3,world_size=8,memory=3GB`` into a plan and the claimed bytes per device."""
+    from autotune.plan import parse_plan
+
     knobs, memory = [], None
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = item.partition("=")
@@ -302,6 +310,8 @@ def _ratio(value: float | None) -> str:
 
 def render(record: EstimateRecord) -> Table:
     """The plans as a table: memory per device by category, fit, time, communication."""
+    from rich.table import Table
+
     unit, scale = _unit(record)
     budget = format_bytes(record.device_memory_bytes) if record.device_memory_bytes else "no budget"
     title = (
@@ -309,23 +319,21 @@ def render(record: EstimateRecord) -> Table:
         f"{_devices(record)}, device memory {budget} (margin {record.margin:.0%}); {unit} per device"
     )
     table = Table(title=title, show_header=True, header_style="bold")
-    columns = ["plan", "params", "grads", "optim", "act", "peak", "fits", "time", "comm"]
-    if record.train_tokens:
-        columns.append("days")
+    # Long plans get a number here and their knobs under the table, so rows stay one line.
+    numbered = any(len(_short(est.plan)) > 12 for est in record.plans)
+    columns = ["#" if numbered else "plan", "params", "grads", "optim", "act", "peak", "fits"]
+    columns += ["time", "comm"] + (["days"] if record.train_tokens else [])
     for name in columns:
-        if name == "plan":
-            table.add_column(name, overflow="fold")
-        else:
-            table.add_column(name, justify="right", no_wrap=True)
+        table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
 
     def size(value: float) -> str:
         return f"{value / scale:.2f}"
 
-    for est in record.plans:
+    for number, est in enumerate(record.plans, 1):
         mem = est.memory
         fits = "–" if est.fits is None else ("yes" if est.fits else "no")
         row = [
-            _short(est.plan),
+            str(number) if numbered else _short(est.plan),
             size(mem.parameters),
             size(mem.gradients),
             size(mem.optimizer_states),
@@ -345,7 +353,10 @@ def _footer(record: EstimateRecord) -> list[str]:
     """Where each figure came from, and the claim check."""
     first = record.plans[0]
     sources = sorted({est.source for est in record.plans})
-    lines = [
+    lines = []
+    if any(len(_short(est.plan)) > 12 for est in record.plans):
+        lines += [f"#{n}: {_short(est.plan)}" for n, est in enumerate(record.plans, 1)]
+    lines += [
         f"model states: formula ({', '.join(sorted({e.accounting for e in record.plans}))} accounting); "
         f"activations: {', '.join(sources)}; peak: {first.memory.peak_composition}",
         f"time: ratio to {record.baseline.describe() if record.baseline else 'the first plan'} "

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from autotune._errors import AutotuneError
-from autotune._io import write_record
 from autotune.cli._common import console, err_console, print_json, user_errors
 from autotune.units import format_bytes, format_count
 
@@ -77,6 +76,8 @@ def profile_command(
                 progress=progress,
                 command=command,
             )
+        from autotune._io import write_record
+
         write_record(out, record)
         if as_json:
             print_json(record)
@@ -96,7 +97,7 @@ class _progress:  # noqa: N801 - used as a context manager, reads like a functio
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(),
-            console=err_console,
+            console=err_console.get(),
             transient=True,
         )
         self._tasks: dict[str, TaskID] = {}

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from autotune.cli._common import console, err_console, print_json, user_errors
 from autotune.units import format_bytes, parse_bytes
@@ -104,7 +103,7 @@ class _ProgressView:
 
         self.progress = Progress(
             TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-            console=err_console, disable=quiet, transient=False,
+            console=err_console.get(), disable=quiet, transient=False,
         )  # fmt: skip
         self.task = self.progress.add_task("starting (profile, warm-up launch)", total=total)
 
@@ -134,6 +133,8 @@ def _throughput(record: Any) -> str:
 
 def render(record: Any, written: list[Path]) -> None:
     """The trial table, then the recommendation next to the baseline."""
+    from rich.table import Table
+
     table = Table(title=f"study {record.study} ({record.storage})")
     for column in (
         "#",
@@ -172,11 +173,14 @@ def _render_recommendation(record: Any) -> None:
         console.print("no plan ran to completion: no recommendation")
         return
     comparison = record.comparison
-    for label, measured in zip(comparison.labels, comparison.measured, strict=True):
+    for index, (label, measured) in enumerate(
+        zip(comparison.labels, comparison.measured, strict=True)
+    ):
         interval = measured.samples_per_s_interval
         spread = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
         tokens = f", {measured.tokens_per_s:,.0f} tok/s" if measured.tokens_per_s else ""
-        console.print(f"{label:>9}: {measured.plan.describe()}: {measured.samples_per_s:.2f} samples/s"
+        mark = "*" if index == comparison.winner else " "
+        console.print(f"{mark} {label}: {measured.plan.describe()}: {measured.samples_per_s:.2f} samples/s"
                       f"{spread}{tokens}, peak {format_bytes(measured.peak_memory_bytes)} "
                       f"(measured, median of {measured.repeats})")  # fmt: skip
     if rec.speedup is not None and rec.speedup_interval is not None:
@@ -184,4 +188,4 @@ def _render_recommendation(record: Any) -> None:
         console.print(
             f"speedup over the baseline: {rec.speedup:.2f}x [{low:.2f}, {high:.2f}] (measured)"
         )
-    console.print(f"recommended plan: {rec.plan.describe()}")
+    console.print(f"recommended plan (*): {rec.plan.describe()}")

@@ -12,25 +12,32 @@ from autotune.search._outcome import classify_outcome
 from autotune.search._records import Comparison, TrialRecord, TrialSettings
 from autotune.search._runner import TrialRunner
 
+BASELINE = "baseline"
+BEST = "search best"
+BOTH = "search best = baseline"
+Round = list[tuple[float, float | None, int | None] | None]
+
 
 def _entries(
     ranked: list[TrialRecord], baseline: TrialRecord | None
 ) -> list[tuple[str, TrialRecord]]:
-    entries = [("best", ranked[0])]
-    if baseline is not None and baseline.plan != ranked[0].plan:
-        entries.append(("baseline", baseline))
+    if baseline is not None and baseline.plan == ranked[0].plan:
+        entries = [(BOTH, ranked[0])]
+    else:
+        entries = [(BEST, ranked[0])] + ([(BASELINE, baseline)] if baseline is not None else [])
     runner_up = next((r for r in ranked[1:] if baseline is None or r.plan != baseline.plan), None)
     if runner_up is not None:
         entries.append(("runner-up", runner_up))
     return entries
 
 
-def _rounds(runner: TrialRunner, settings: TrialSettings, plans: list[Plan], repeats: int
-            ) -> list[list[tuple[float, float | None, int | None] | None]]:  # fmt: skip
+def _rounds(
+    runner: TrialRunner, settings: TrialSettings, plans: list[Plan], repeats: int
+) -> list[Round]:
     """``repeats`` rounds; each runs every plan once, the order rotating between rounds."""
     rounds = []
     for index in range(repeats):
-        row: list[tuple[float, float | None, int | None] | None] = [None] * len(plans)
+        row: Round = [None] * len(plans)
         shift = index % len(plans)
         for position in list(range(shift, len(plans))) + list(range(shift)):
             report = runner.run(plans[position], settings)
@@ -63,49 +70,53 @@ def _from_search(record: TrialRecord) -> MeasuredPlan:
                         tokens_per_s=record.tokens_per_s, peak_memory_bytes=record.peak_memory_bytes)  # fmt: skip
 
 
+def baseline_index(labels: list[str]) -> int | None:
+    """Where the baseline is among the compared entries (``None``: it did not run)."""
+    return next((i for i, label in enumerate(labels) if label in (BASELINE, BOTH)), None)
+
+
 def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialRecord],
             baseline: TrialRecord | None, repeats: int) -> Comparison:  # fmt: skip
-    """Re-run best, baseline and runner-up ``repeats`` times, interleaved.
+    """Re-run the search's best, the baseline and the runner-up ``repeats`` times, interleaved.
 
-    The speedup interval is the range of per-round ratios best/baseline: both
-    ran in the same round, so slow phases of the machine hit both.
+    The winner is the highest median, whichever it is: the search-time numbers
+    are single runs on a noisy machine. The speedup interval is the range of
+    per-round ratios winner/baseline: both ran in the same round, so slow
+    phases of the machine hit both.
     """
     entries = _entries(ranked, baseline)
     labels = [label for label, _ in entries]
+    base = baseline_index(labels)
     if repeats < 1:
         measured = [_from_search(record) for _, record in entries]
-        return Comparison(repeats=0, measured=measured, labels=labels)
+        ratio = (
+            measured[0].samples_per_s / measured[base].samples_per_s if base is not None else None
+        )
+        return Comparison(repeats=0, measured=measured, labels=labels, speedup=ratio)
     rounds = _rounds(runner, settings, [record.plan for _, record in entries], repeats)
     measured = []
     for column, (_, record) in enumerate(entries):
         values = [row[column] for row in rounds if row[column] is not None]
         measured.append(_measured(record.plan, values) if values else _from_search(record))  # type: ignore[arg-type]
-    order = sorted(
-        range(len(entries)),
-        key=lambda i: -measured[i].samples_per_s if labels[i] != "baseline" else 0,
-    )
-    winner = order[0]
-    labels = ["best" if i == winner else ("baseline" if labels[i] == "baseline" else "runner-up")
-              for i in range(len(entries))]  # fmt: skip
-    speedup, interval = _speedup(rounds, labels) if baseline is not None else (None, None)
-    return Comparison(repeats=repeats, measured=measured, labels=labels, speedup=speedup,
-                      speedup_interval=interval)  # fmt: skip
+    ran = [i for i in range(len(entries)) if any(row[i] for row in rounds)] or [0]
+    winner = max(ran, key=lambda i: measured[i].samples_per_s)
+    speedup, interval = _speedup(rounds, winner, base)
+    return Comparison(repeats=repeats, measured=measured, labels=labels, winner=winner,
+                      speedup=speedup, speedup_interval=interval)  # fmt: skip
 
 
 def _speedup(
-    rounds: list[list[Any]], labels: list[str]
+    rounds: list[Round], winner: int, base: int | None
 ) -> tuple[float | None, tuple[float, float] | None]:
-    if "baseline" not in labels:
-        return (1.0, (1.0, 1.0)) if rounds else (None, None)  # the baseline is the best plan
-    best, base = labels.index("best"), labels.index("baseline")
-    ratios = [row[best][0] / row[base][0] for row in rounds if row[best] and row[base]]
+    if base is None:
+        return None, None
+    ratios = [row[winner][0] / row[base][0] for row in rounds if row[winner] and row[base]]  # type: ignore[index]
     if not ratios:
         return None, None
     return statistics.median(ratios), (min(ratios), max(ratios))
 
 
-def recommendation(ranked: list[TrialRecord], baseline: TrialRecord | None,
-                   comparison: Comparison | None, model_file: str,
+def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, model_file: str,
                    code_changes: Callable[[Plan], list[Any]] | None,
                    notes: list[str]) -> Recommendation | None:  # fmt: skip
     """The tune recommendation: the comparison's winner next to the baseline."""
@@ -113,18 +124,20 @@ def recommendation(ranked: list[TrialRecord], baseline: TrialRecord | None,
         notes.append("no plan ran to completion: nothing to recommend")
         return None
     labels = comparison.labels
-    best = comparison.measured[labels.index("best")]
-    base: MeasuredPlan | None = best if baseline is not None else None
-    if "baseline" in labels:
-        base = comparison.measured[labels.index("baseline")]
+    best = comparison.measured[comparison.winner]
+    base = baseline_index(labels)
     if comparison.repeats:
-        notes.append(f"best, baseline and runner-up re-run {comparison.repeats}x interleaved: "
-                     "medians, intervals are min-max over the repeats")  # fmt: skip
+        notes.append(f"search best, baseline and runner-up re-run {comparison.repeats}x interleaved: "
+                     "medians; intervals are min-max over the repeats")  # fmt: skip
+    if labels[comparison.winner] not in (BEST, BOTH):
+        notes.append(f"the {labels[comparison.winner]} measured fastest in the re-runs, "
+                     f"not the search's best ({ranked[0].plan.describe()})")  # fmt: skip
     low = comparison.speedup_interval[0] if comparison.speedup_interval else None
-    if low is not None and low <= 1.0 and "baseline" in labels:
-        notes.append("the speedup interval reaches 1.0 or below: not a clear win over the baseline")
+    if low is not None and low <= 1.0 and labels[comparison.winner] not in (BASELINE, BOTH):
+        notes.append("the speedup interval reaches 1.0: not a clear win over the baseline")
     return Recommendation(
-        source="tune", plan=best.plan, model_file=model_file, best=best, baseline=base,
+        source="tune", plan=best.plan, model_file=model_file, best=best,
+        baseline=comparison.measured[base] if base is not None else None,
         speedup=comparison.speedup, speedup_interval=comparison.speedup_interval,
         code_changes=code_changes(best.plan) if code_changes else [], notes=list(notes),
     )  # fmt: skip

@@ -120,7 +120,12 @@ class Comparison(_Record):
 
     repeats: int
     measured: list[MeasuredPlan]
-    labels: list[str] = Field(description="best, baseline, runner-up: one per measured entry")
+    labels: list[str] = Field(
+        description="what each measured entry is: search best, baseline, runner-up"
+    )
+    winner: int = Field(
+        default=0, ge=0, description="index of the highest median: the recommended plan"
+    )
     speedup: float | None = None
     speedup_interval: tuple[float, float] | None = None
 

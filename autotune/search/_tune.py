@@ -76,6 +76,10 @@ class _Search:
         others = [r for r in _study.records(self.study) if r.number != trial.number]
         prediction = self.predict(plan) if self.predict is not None else None
         reason = self._skip_reason(plan, others, trial.number, prediction)
+        if reason is None:
+            # Look again: a worker that asked just before us may have named its plan since.
+            again = [r for r in _study.records(self.study) if r.number != trial.number]
+            reason = self._skip_reason(plan, again, trial.number, None)
         fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
         if prediction is not None:
             fields.update(
@@ -242,7 +246,7 @@ def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: Trial
     if baseline is None:
         notes.append("the baseline did not run to completion: no speedup is reported")
     comparison = compare(runner, settings, ranked, baseline, repeats) if ranked else None
-    rec = recommendation(ranked, baseline, comparison, model_file, code_changes, notes)
+    rec = recommendation(ranked, comparison, model_file, code_changes, notes)
     tokens = any(r.tokens_per_s is not None for r in ranked)
     return TuneRecord(
         model_file=model_file, study=study_name, storage=_study.storage_url(storage),
