@@ -11,7 +11,7 @@ from autotune.plan import Plan
 from autotune.records import Capabilities
 
 if TYPE_CHECKING:
-    from autotune.recommend import Recommendation
+    from autotune._recommend import Recommendation
 
 Config = dict[str, Any]
 
@@ -121,7 +121,7 @@ def deepspeed_config(
 
     Args:
         plan_or_recommendation: a :class:`~autotune.plan.Plan` or a
-            :class:`~autotune.recommend.Recommendation` (its ``plan`` is used).
+            :class:`~autotune._recommend.Recommendation` (its ``plan`` is used).
         world_size: data-parallel ranks the config is for; defaults to the plan's
             ``gpus_per_node x nodes``. ``train_batch_size`` is micro-batch x
             accumulation x this.

@@ -106,7 +106,9 @@ def parse_plan(text: str, base: Plan | None = None, flag: str = "--plan") -> Pla
             known = ", ".join(sorted(set(Plan.model_fields) | set(_ALIASES)))
             raise AutotuneError(f"{flag}: unknown knob {key.strip()!r} (known: {known})")
         raw = raw.strip()
-        values[name] = raw.lower() in ("1", "true", "yes", "on") if name in ("compile", "pin_memory") else raw
+        values[name] = (
+            raw.lower() in ("1", "true", "yes", "on") if name in ("compile", "pin_memory") else raw
+        )
     try:
         return Plan.model_validate(values)
     except ValueError as exc:

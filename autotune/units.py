@@ -26,7 +26,9 @@ def _split(text: str, units: dict[str, int], flag: str) -> float:
     match = _NUMBER.match(text)
     if not match or match.group(2).lower() not in units:
         known = ", ".join(unit for unit in units if unit)
-        raise AutotuneError(f"{flag}: cannot read {text!r} (a number with an optional unit: {known})")
+        raise AutotuneError(
+            f"{flag}: cannot read {text!r} (a number with an optional unit: {known})"
+        )
     return float(match.group(1)) * units[match.group(2).lower()]
 
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from _suggest_profiles import synthetic_profile
+from _profiles import synthetic_profile
 from typer.testing import CliRunner
 
 from autotune._io import write_record

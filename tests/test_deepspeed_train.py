@@ -12,7 +12,6 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,57 +37,44 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def one_rank_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A one-process gloo group, set up once for the whole matrix (no MPI lookup)."""
-    import torch.distributed as dist
-
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", EXTENSIONS)
-    saved = {key: os.environ.get(key) for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
-    init = tmp_path_factory.mktemp("pg") / "init"
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
 def check_training(losses: list[float]) -> None:
     assert all(math.isfinite(loss) for loss in losses), losses
     assert losses[-1] < losses[0], f"the loss did not fall on a fixed batch: {losses}"
 
 
-def test_one_process_matrix(one_rank_group: None) -> None:
-    import _ds_two_rank
+def train_in_torchrun(tmp_path: Path, knobs_list: list[str], nproc: int) -> dict[str, Any]:
+    """Train each plan's emitted config in one ``torchrun`` of ``nproc`` ranks.
 
-    results: dict[str, Any] = {}
-    for knobs in [*MATRIX, "stage=2,precision=amp_bf16", "stage=3,mb=2,ga=2"]:
-        losses, _ = _ds_two_rank.train(deepspeed_config(parse_plan(knobs), world_size=1))
-        check_training(losses)
-        results[knobs] = losses
-    fp32 = [results[f"stage={stage},precision=fp32"] for stage in range(4)]
+    A child process, even for one rank: DeepSpeed patches torch globally (ZeRO-3
+    replaces ``F.linear``), which must not leak into the other tests.
+    """
+    configs = [
+        {"name": knobs, "config": deepspeed_config(parse_plan(f"{knobs},gpus={nproc}"))}
+        for knobs in knobs_list
+    ]
+    (tmp_path / "configs.json").write_text(json.dumps(configs))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(HERE / "_ds_two_rank.py"), str(tmp_path / "configs.json"), str(tmp_path / "out.json")]  # fmt: skip
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results: dict[str, Any] = json.loads((tmp_path / "out.json").read_text())
+    assert sorted(results) == sorted(knobs_list)
+    for result in results.values():
+        check_training(result["losses"])
+    return results
+
+
+def test_one_process_matrix(tmp_path: Path) -> None:
+    results = train_in_torchrun(
+        tmp_path, [*MATRIX, "stage=2,precision=amp_bf16", "stage=3,mb=2,ga=2"], 1
+    )
+    fp32 = [results[f"stage={stage},precision=fp32"]["losses"] for stage in range(4)]
     for losses in fp32[1:]:  # sharding optimizer state, gradients, parameters: same arithmetic
         assert losses == pytest.approx(fp32[0], rel=1e-5)
 
 
 def test_two_ranks_in_one_torchrun(tmp_path: Path) -> None:
-    configs = [
-        {"name": knobs, "config": deepspeed_config(parse_plan(knobs + ",gpus=2"))}
-        for knobs in MATRIX
-    ]
-    (tmp_path / "configs.json").write_text(json.dumps(configs))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(HERE / "_ds_two_rank.py"), str(tmp_path / "configs.json"), str(tmp_path / "out.json")]  # fmt: skip
-    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert sorted(results) == sorted(MATRIX)
-    for knobs, result in results.items():
-        check_training(result["losses"])
+    for knobs, result in train_in_torchrun(tmp_path, MATRIX, 2).items():
         first, second = result["checksums"]
         assert first == pytest.approx(second, rel=1e-6), f"{knobs}: ranks disagree"
 

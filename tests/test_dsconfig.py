@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from autotune._errors import AutotuneError
+from autotune._recommend import Recommendation
 from autotune.dsconfig import (
     KNOWN_TOP_LEVEL_KEYS,
     check_config,
@@ -18,7 +19,6 @@ from autotune.dsconfig import (
     plan_readback,
 )
 from autotune.plan import Plan, parse_plan
-from autotune.recommend import Recommendation
 from autotune.records import Capabilities
 from autotune.runtime.ds_validate import validate_with_deepspeed
 

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune._io import write_record
+from autotune._recommend import Recommendation, code_changes_for
 from autotune.cli import app
 from autotune.plan import parse_plan
-from autotune.recommend import Recommendation, code_changes_for
 
 runner = CliRunner()
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from _profiles import activation_fit, model_info, profile_record, provenance
 
-from autotune.estimate import (
+from autotune._estimate import (
     ActivationSpec,
     EstimateRecord,
     ModelFacts,
@@ -15,22 +16,7 @@ from autotune.estimate import (
     plan_grid,
 )
 from autotune.plan import Plan
-from autotune.records import (
-    ActivationFit,
-    AtPeak,
-    BlockStack,
-    Capabilities,
-    Compute,
-    Environment,
-    MemoryBreakdown,
-    ModelInfo,
-    ProfileConfig,
-    ProfileRecord,
-    Provenance,
-    Spread,
-    StepTime,
-    Throughput,
-)
+from autotune.records import AtPeak, Compute, ProfileRecord
 
 P = 1_000_000  # parameters of the synthetic model
 L = 4
@@ -47,74 +33,39 @@ def make_profile(
         activations=4_000_000,
         temporaries=400_000,
     )
-    return ProfileRecord(
-        config=ProfileConfig(
-            batch_size=batch,
-            precision="fp32",
-            checkpointing=checkpointing,
-            steps=5,
-            warmup=1,
-            device="cpu",
-        ),
-        model=ModelInfo(
+    fitted = activation_fit(
+        fixed=8_000, per_sample=998_000.0, block=200_000.0, block_input=10_000.0
+    )
+    return profile_record(
+        model=model_info(
+            P,
+            L,
             class_name="Synthetic",
-            parameters=P,
-            trainable_parameters=P,
+            block_path="layers",
+            block_class="Block",
             embedding_parameters=100_000,
             largest_layer_parameters=200_000,
-            block_stack=BlockStack(path="layers", count=L, block_class="Block"),
-            tokens_per_sample=128,
         ),
-        memory=MemoryBreakdown(
-            parameters=4 * P,
-            buffers=128,
-            gradients=4 * P,
-            optimizer_states=8 * P,
-            activations=4_000_000,
-            activation_fit=ActivationFit(
-                batch_sizes=(2, 4),
-                fixed=8_000,
-                per_sample=998_000.0,
-                block_fixed=0,
-                block_per_sample=200_000.0,
-                block_input_per_sample=10_000.0,
-            )
-            if fit
-            else None,
-            peak=sum(peak_parts.model_dump().values()),
-            peak_source="cpu_live_tensors",
-            at_peak=peak_parts,
-            fits_judged_on="memory.peak",
-        ),
-        time=StepTime(
-            step=1.0,
-            dataloader=0.05,
-            forward=0.3,
-            backward=0.55,
-            optimizer=0.1,
-            spread=Spread(min=0.9, p25=0.95, median=1.0, p75=1.05, max=1.2),
-            steps_measured=5,
-        ),
-        throughput=Throughput(samples_per_s=4.0, tokens_per_s=512.0),
+        batch_size=batch,
+        checkpointing=checkpointing,
+        steps=5,
+        warmup=1,
+        activations=4_000_000,
+        buffers=128,
+        fit=fitted if fit else None,
+        at_peak=peak_parts,
+        fits_judged_on="memory.peak",
+        step=1.0,
+        dataloader=0.05,
+        phases=(0.3, 0.55, 0.1),
+        spread=(0.9, 0.95, 1.0, 1.05, 1.2),
+        samples_per_s=4.0,
+        tokens_per_s=512.0,
         compute=Compute(flops_per_step=1e9),
-        environment=Environment(
-            device_type="cpu",
-            device_name="test cpu",
-            device_count=1,
-            torch_version="x",
-            capabilities=Capabilities(
-                bf16_supported=True,
-                fp16_supported=False,
-                sdpa_available=True,
-                flash_attn_available=False,
-            ),
-        ),
-        provenance=Provenance(
-            command="autotune profile",
-            model_file="m.py",
-            model_sha256="0",
-            created_at="now",
-            autotune_version="0",
+        device_name="test cpu",
+        torch_version="x",
+        provenance=provenance(
+            model_file="m.py", created_at="now", model_sha256="0", autotune_version="0"
         ),
     )
 

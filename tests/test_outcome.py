@@ -13,6 +13,10 @@ OVER = TrialResult(
     completed_steps=3, samples_per_s=10.0, peak_memory_bytes=[100, 250], device_memory=200
 )
 NO_BUDGET = TrialResult(completed_steps=3, samples_per_s=10.0, peak_memory_bytes=[10**12])
+# RSS grew far past the budget, but the live tensors (the figure the estimate predicts) fit.
+RSS_ONLY_OVER = TrialResult(completed_steps=3, samples_per_s=10.0, peak_memory_bytes=[150],
+                            peak_source="cpu_live_tensors", live_tensor_bytes=[150],
+                            rss_delta_bytes=[900], device_memory=200)  # fmt: skip
 RAISED = TrialResult(error="RuntimeError: shapes do not match")
 CUDA_OOM = TrialResult(error="OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB")
 
@@ -21,6 +25,7 @@ CASES = [
     (0, False, OK, "", "ok"),
     (0, False, NO_BUDGET, "", "ok"),
     (0, False, OVER, "", "oom"),
+    (0, False, RSS_ONLY_OVER, "", "ok"),
     (None, True, None, "", "timeout"),
     (None, True, OK, "CUDA out of memory", "timeout"),
     (1, False, CUDA_OOM, "", "oom"),
@@ -47,6 +52,10 @@ def test_reasons_name_the_cause() -> None:
     assert outcome_reason("ok", OK, "") is None
     assert "timeout" in (outcome_reason("timeout", None, "") or "")
     assert "250 B > budget 200 B" in (outcome_reason("oom", OVER, "") or "")
+    live_over = RSS_ONLY_OVER.model_copy(update={"device_memory": 100})
+    assert classify_outcome(0, False, live_over, "") == "oom"
+    reason = outcome_reason("oom", live_over, "") or ""
+    assert "150 B > budget 100 B (cpu_live_tensors)" in reason  # the live figure, not RSS's 900
     assert "OOM killer" in (outcome_reason("oom", None, "") or "")
     assert outcome_reason("crash", RAISED, "") == "RuntimeError: shapes do not match"
     assert outcome_reason("crash", None, "line one\nValueError: bad\n\n") == "ValueError: bad"

@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 
 import autotune
+import autotune._estimate
+import autotune._recommend
+import autotune._suggest
 import autotune.dsconfig
-import autotune.recommend
 from autotune._errors import AutotuneError
+from autotune._recommend import CodeChange, Recommendation, code_changes_for, hf_training_arguments
 from autotune.plan import Plan, parse_plan
-from autotune.recommend import CodeChange, Recommendation, code_changes_for, hf_training_arguments
 
 
-@pytest.mark.parametrize("module", [autotune.recommend, autotune.dsconfig])
+@pytest.mark.parametrize("module", [autotune._recommend, autotune.dsconfig])
 def test_docstring_examples_run(module: Any) -> None:
     result = doctest.testmod(module, extraglobs={"Plan": Plan}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
@@ -25,9 +27,11 @@ def test_docstring_examples_run(module: Any) -> None:
 
 def test_public_names_are_exported() -> None:
     assert autotune.deepspeed_config is autotune.dsconfig.deepspeed_config
-    # `import autotune.recommend` (above) rebinds the attribute to the module: still callable.
-    assert callable(autotune.recommend)
-    assert autotune.recommend.Recommendation is Recommendation
+    # the module is private, so importing it does not shadow the public function
+    assert autotune.recommend is autotune._recommend.recommend
+    assert autotune.suggest is autotune._suggest.suggest
+    assert autotune.estimate is autotune._estimate.estimate
+    assert autotune._recommend.Recommendation is Recommendation
     assert autotune.Recommendation is Recommendation
     assert {"deepspeed_config", "recommend", "Recommendation"} <= set(autotune.__all__)
 
@@ -157,7 +161,7 @@ def test_recommend_with_search_returns_the_tuned_recommendation(
 def test_hooks_become_a_model_file_that_imports_them(
     examples_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autotune.recommend import hooks_model_file
+    from autotune._recommend import hooks_model_file
     from autotune.runtime.modelfile import load_model_file
 
     monkeypatch.syspath_prepend(str(examples_dir))

@@ -5,27 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.plan import Plan
-from autotune.recommend import CodeChange, MeasuredPlan, Recommendation
-from autotune.records import (
-    ActivationFit,
-    AtPeak,
-    BlockStack,
-    Capabilities,
-    Compute,
-    Environment,
-    MemoryBreakdown,
-    ModelInfo,
-    ModuleBytes,
-    ProfileConfig,
-    ProfileRecord,
-    Provenance,
-    Spread,
-    StepTime,
-    Throughput,
-)
-from autotune.search._records import TrialRecord, TuneRecord
-from autotune.suggest import (
+from _profiles import activation_fit, model_info, profile_record, provenance
+
+from autotune._recommend import CodeChange, MeasuredPlan, Recommendation
+from autotune._suggest import (
     ConfirmRecord,
     ConfirmStep,
     Evidence,
@@ -34,6 +17,9 @@ from autotune.suggest import (
     Suggestion,
     SuggestRecord,
 )
+from autotune.plan import Plan
+from autotune.records import AtPeak, Compute, ModuleBytes, ProfileRecord
+from autotune.search._records import TrialRecord, TuneRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -52,68 +38,25 @@ def make_profile(blocks: int = 4, device_memory: int | None = 512 * MiB) -> Prof
         temporaries=3 * MiB,
     )
     modules = [ModuleBytes(module=f"model.layers.{i}", bytes=(11 + i) * MiB) for i in range(blocks)]
-    return ProfileRecord(
-        config=ProfileConfig(
-            batch_size=4, precision="fp32", checkpointing=False, steps=10, warmup=2, device="cpu"
-        ),
-        model=ModelInfo(
-            class_name="LlamaForCausalLM",
-            parameters=9_700_000,
-            trainable_parameters=9_700_000,
-            block_stack=BlockStack(
-                path="model.layers", count=blocks, block_class="LlamaDecoderLayer"
-            ),
-            tokens_per_sample=128,
-        ),
-        memory=MemoryBreakdown(
-            parameters=37 * MiB,
-            gradients=37 * MiB,
-            optimizer_states=74 * MiB,
-            activations=55 * MiB,
-            activations_by_module=modules,
-            activation_fit=ActivationFit(
-                batch_sizes=(2, 4),
-                fixed=MiB,
-                per_sample=13.5 * MiB,
-                block_fixed=0,
-                block_per_sample=3 * MiB,
-                block_input_per_sample=0.25 * MiB,
-            ),
-            peak=sum(at_peak.model_dump().values()),
-            peak_source="cpu_live_tensors",
-            at_peak=at_peak,
-            fits_judged_on="peak",
-        ),
-        time=StepTime(
-            step=0.2468,
-            dataloader=0.0123,
-            forward=0.0712,
-            backward=0.1321,
-            optimizer=0.0234,
-            spread=Spread(min=0.23, p25=0.24, median=0.2468, p75=0.25, max=0.27),
-            steps_measured=10,
-        ),
-        throughput=Throughput(samples_per_s=16.21, tokens_per_s=2074.9),
+    return profile_record(
+        model=model_info(9_700_000, blocks),
+        batch_size=4,
+        model_states=(37 * MiB, 37 * MiB, 74 * MiB),
+        activations=55 * MiB,
+        activations_by_module=modules,
+        fit=activation_fit(fixed=MiB, per_sample=13.5 * MiB, block=3 * MiB, block_input=0.25 * MiB),
+        at_peak=at_peak,
+        step=0.2468,
+        dataloader=0.0123,
+        phases=(0.0712, 0.1321, 0.0234),
+        spread=(0.23, 0.24, 0.2468, 0.25, 0.27),
+        samples_per_s=16.21,
+        tokens_per_s=2074.9,
         compute=Compute(flops_per_step=1.2e11, note="no peak FLOPs table for this CPU"),
-        environment=Environment(
-            device_type="cpu",
-            device_name="test CPU",
-            device_count=1,
-            device_memory_bytes=device_memory,
-            torch_version="2.13.0",
-            capabilities=Capabilities(
-                bf16_supported=True,
-                fp16_supported=False,
-                sdpa_available=True,
-                flash_attn_available=False,
-            ),
-        ),
-        provenance=Provenance(
-            command="autotune profile",
-            model_file="examples/tiny_llama.py",
-            model_sha256="0" * 64,
-            created_at="2026-11-29T10:00:00Z",
-            autotune_version="0.1.0",
+        device_name="test CPU",
+        device_memory=device_memory,
+        provenance=provenance(
+            model_file="examples/tiny_llama.py", created_at="2026-11-29T10:00:00Z"
         ),
     )
 

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _suggest_profiles import GB, synthetic_profile
+from _profiles import GB, synthetic_profile
 from typer.testing import CliRunner
 
 from autotune._errors import AutotuneError
 from autotune._io import write_record
+from autotune._suggest import policy_plan, suggest
 from autotune.cli import app
-from autotune.suggest import policy_plan, suggest
 
 SLOW_BF16_CPU: dict[str, Any] = {"device": "cpu", "bf16_ratio": 0.15}
 BIG = {"parameters": 20_000_000_000, "activations_per_sample": 0.5 * GB, "layers": 48}

@@ -216,3 +216,24 @@ def test_rerun_medians_not_search_numbers_pick_the_winner(tmp_path: Path) -> Non
     assert rec.plan == Plan(micro_batch=8) and rec.speedup == 1.0
     assert rec.best is not None and rec.best.repeats == 3
     assert any("measured fastest in the re-runs" in note for note in rec.notes)
+
+
+def test_budget_and_prediction_meet_the_live_tensor_peak_not_rss(tmp_path: Path) -> None:
+    def worker_like(plan: Plan, s: TrialSettings) -> TrialResult:
+        # What the real CPU worker reports: the live-tensor peak judged, RSS growth 6x beside it.
+        live = peak(plan)
+        return TrialResult(completed_steps=2, samples_per_s=10.0 + plan.micro_batch,
+                           peak_memory_bytes=[live], peak_source="cpu_live_tensors",
+                           live_tensor_bytes=[live], rss_delta_bytes=[6 * live],
+                           device_memory=s.device_memory)  # fmt: skip
+
+    record = tune(
+        "model.py", global_batch=4, settings=settings(tmp_path), runner=FakeRunner(worker_like),
+        blocks=1, baseline=Plan(micro_batch=1, grad_accum=4), predict=predict, trials=8,
+        storage=str(tmp_path / "s.db"), repeats=0,
+    )  # fmt: skip
+    measured = [t for t in record.trials if t.outcome is not None]
+    assert measured and all(6 * peak(t.plan) > BUDGET for t in measured)  # all over on RSS
+    for trial in measured:
+        assert trial.outcome == "ok" and trial.peak_source == "cpu_live_tensors"
+        assert trial.peak_memory_bytes == trial.predicted_peak_bytes == peak(trial.plan)

@@ -38,7 +38,9 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show tracebacks instead of one-line errors."
+    ),
 ) -> None:
     if debug:
         os.environ["AUTOTUNE_DEBUG"] = "1"

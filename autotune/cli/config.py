@@ -50,8 +50,8 @@ def config(
     """Write a ready DeepSpeed config, checked by DeepSpeed itself when it is installed."""
     with user_errors():
         from autotune._io import atomic_write_text
+        from autotune._recommend import code_changes_for
         from autotune.dsconfig import deepspeed_config
-        from autotune.recommend import code_changes_for
 
         if framework not in FRAMEWORKS:
             raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
@@ -78,8 +78,8 @@ def config(
 def _load_source(path: Path | None, plan_text: str | None) -> Any:
     from pydantic import ValidationError
 
+    from autotune._recommend import Recommendation
     from autotune.plan import parse_plan
-    from autotune.recommend import Recommendation
 
     if (path is None) == (plan_text is None):
         raise AutotuneError("give a RECOMMENDATION.json or --plan KNOBS (exactly one)")

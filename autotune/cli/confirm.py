@@ -79,7 +79,7 @@ def confirm_command(
 
 def render(record: object) -> None:
     """The session, one block per change: proposed, predicted, measured, kept or rejected."""
-    from autotune.suggest import ConfirmRecord
+    from autotune._suggest import ConfirmRecord
 
     assert isinstance(record, ConfirmRecord)
     console.print(f"baseline: {record.baseline.describe()}", soft_wrap=True)

@@ -15,7 +15,7 @@ from autotune.units import format_bytes, format_count, parse_bytes, parse_count
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from autotune.estimate import EstimateRecord, ModelFacts
+    from autotune._estimate import EstimateRecord, ModelFacts
     from autotune.plan import Plan
     from autotune.records import ProfileRecord
 
@@ -104,7 +104,7 @@ def estimate_command(
         )
         if ckpt_all:
             base = base.with_changes(checkpoint_blocks=facts.num_layers)
-        from autotune.estimate import estimate
+        from autotune._estimate import estimate
 
         record = estimate(
             facts,
@@ -238,7 +238,7 @@ def _facts(
 
 def _measured_facts(profiles: list[Path]) -> ModelFacts:
     """The first profile's figures, its step time refined by the others."""
-    from autotune.estimate import facts_from_profile, fit_step_time
+    from autotune._estimate import facts_from_profile, fit_step_time
 
     facts = facts_from_profile(_read_profile(profiles[0]))
     for path in profiles[1:]:
@@ -250,7 +250,7 @@ def _measured_facts(profiles: list[Path]) -> ModelFacts:
 
 
 def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> list[Plan]:
-    from autotune.estimate import plan_grid
+    from autotune._estimate import plan_grid
     from autotune.plan import parse_plan
 
     if all_plans and plans:

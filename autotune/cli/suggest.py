@@ -44,8 +44,8 @@ def suggest_command(
     """Propose the next change, then the rest of the ordered plan, from a saved profile."""
     with user_errors():
         from autotune._io import read_record
+        from autotune._suggest import suggest
         from autotune.records import ProfileRecord
-        from autotune.suggest import suggest
 
         record = suggest(
             read_record(profile, ProfileRecord, "profile"),
@@ -65,7 +65,7 @@ def suggest_command(
 
 def render(record: object) -> None:
     """Print the next change first, then the rest of the ordered plan, one block each."""
-    from autotune.suggest import SuggestRecord
+    from autotune._suggest import SuggestRecord
 
     assert isinstance(record, SuggestRecord)
     console.print(f"baseline plan: {record.baseline.describe()}", soft_wrap=True)
@@ -91,7 +91,7 @@ def render(record: object) -> None:
 
 
 def _predicted(pred: object) -> str:
-    from autotune.suggest import Predicted
+    from autotune._suggest import Predicted
 
     assert isinstance(pred, Predicted)
     memory = f"peak {format_bytes(pred.peak_bytes_before)} -> {format_bytes(pred.peak_bytes_after)}"

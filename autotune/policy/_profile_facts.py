@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from autotune.estimate import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
+from autotune._estimate import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
 from autotune.plan import Plan
 from autotune.policy._facts import Facts, Source
 from autotune.records import ProfileRecord

@@ -12,14 +12,14 @@ from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune._errors import AutotuneError
+from autotune._estimate import ModelFacts, facts_from_profile
 from autotune._io import atomic_write_bytes, atomic_write_text
-from autotune.estimate import ModelFacts, facts_from_profile
-from autotune.recommend import Recommendation
+from autotune._recommend import Recommendation
+from autotune._suggest import ConfirmRecord, SuggestRecord
 from autotune.records import ProfileRecord
 from autotune.report import _changes, _collect, _figures, _html
 from autotune.report._data import ReportData, TrialPoint
 from autotune.search._records import TuneRecord
-from autotune.suggest import ConfirmRecord, SuggestRecord
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:

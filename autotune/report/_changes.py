@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from autotune.estimate import ModelFacts, estimate_plan
-from autotune.plan import Plan
-from autotune.report._data import MemoryBar, SuggestionRow
-from autotune.suggest import (
+from autotune._estimate import ModelFacts, estimate_plan
+from autotune._suggest import (
     ConfirmRecord,
     ConfirmStep,
     Measured,
@@ -13,6 +11,8 @@ from autotune.suggest import (
     Suggestion,
     SuggestRecord,
 )
+from autotune.plan import Plan
+from autotune.report._data import MemoryBar, SuggestionRow
 from autotune.units import format_bytes
 
 

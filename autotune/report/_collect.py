@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.recommend import MeasuredPlan, Recommendation
+from autotune._recommend import MeasuredPlan, Recommendation
 from autotune.records import ProfileRecord
 from autotune.report._data import MemoryBar, Outcome, StepSplit, TrialPoint
 from autotune.search._records import TrialRecord

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 from autotune._errors import AutotuneError
 from autotune._io import RecordT, read_record
-from autotune.recommend import Recommendation
+from autotune._recommend import Recommendation
+from autotune._suggest import ConfirmRecord, SuggestRecord
 from autotune.records import ProfileRecord
 from autotune.report._build import ReportInputs
 from autotune.search._records import TuneRecord
-from autotune.suggest import ConfirmRecord, SuggestRecord
 
 if TYPE_CHECKING:
     import optuna

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from autotune._errors import AutotuneError
+from autotune._suggest import ConfirmRecord, ConfirmStep, Measured, Suggestion, suggest
 from autotune.plan import Plan
 from autotune.policy._verdict import decide
 from autotune.records import ProfileRecord
 from autotune.runtime.modelfile import ModelFile, load_model_file
 from autotune.runtime.step import StepPrecision, TrainRunner
-from autotune.suggest import ConfirmRecord, ConfirmStep, Measured, Suggestion, suggest
 
 Progress = Callable[[str], None]
 _STEP_PRECISION: dict[str, StepPrecision] = {"fp32": "fp32", "amp_bf16": "bf16", "amp_fp16": "fp16"}
@@ -59,7 +59,7 @@ def confirm(
         loss_tolerance: largest relative difference of the mean loss accepted.
         max_changes: most changes proposed in one session.
         progress: called with one line per event (the CLI prints them to stderr).
-        **suggest_options: passed to :func:`autotune.suggest.suggest` (device_memory, policy_path...).
+        **suggest_options: passed to :func:`autotune._suggest.suggest` (device_memory, policy_path...).
 
     Returns:
         The session log: every change proposed, predicted, measured, kept or rejected.

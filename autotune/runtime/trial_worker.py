@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ _AMP = {"fp32": "fp32", "amp_bf16": "bf16", "amp_fp16": "fp16", "bf16": "fp32", 
 
 
 class MemoryWatch:
-    """Samples this process's RSS in a thread: the peak for CPU trials, and a guard.
+    """Samples this process's RSS in a thread: a guard, and RSS growth as an extra figure.
 
     Above ``limit`` bytes the worker stops itself at once with a line the outcome
     classifier reads as out-of-memory, long before the kernel's OOM killer would
@@ -86,6 +86,22 @@ def _cast_floats(batch: Any, dtype: Any) -> Any:
     return batch
 
 
+def _live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) -> int:
+    """Most live tensor bytes on ``device`` during ``step()``, ``existing`` tensors included.
+
+    The same measure as ``autotune profile``'s ``cpu_live_tensors`` peak
+    (:class:`~autotune.runtime.memory.LiveTensorTracker`). The dispatch mode
+    slows every op, so callers run it on one extra step that is not timed.
+    """
+    from autotune.runtime.memory import LiveTensorTracker
+
+    tracker = LiveTensorTracker(device)
+    with tracker:
+        tracker.mark(existing, "existing")
+        step()
+    return tracker.peak
+
+
 class _Steps:
     """The common step loop: warm-up, measured steps, a progress result after step one."""
 
@@ -111,6 +127,7 @@ class _Steps:
 
 
 def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
+    from autotune.runtime.memory import optimizer_state_tensors
     from autotune.runtime.modelfile import load_model_file
     from autotune.runtime.step import TrainRunner
 
@@ -139,8 +156,25 @@ def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
         timings.append(timing)
         return timing.total, timing.loss
 
+    def tracked() -> None:
+        for _ in runner.micro_batches():
+            loss = runner.forward(runner.next_batch())
+            runner.backward(loss)
+            del loss
+        runner.optimizer_step()
+
     try:
         steps.run(step)
+        cuda_peak = _cuda_peak(runner.device)  # the timed steps' figure, read before tracking
+        model, optimizer = runner.model, runner.optimizer
+        # What track_peak (the profiler's tracked step) counts as present at the start.
+        existing = [*model.parameters(), *model.buffers(), *_grads(model),
+                    *optimizer_state_tensors(optimizer)]  # fmt: skip
+        live: int | None = None
+        try:
+            live = _live_peak(runner.device, existing, tracked)
+        except Exception as exc:  # e.g. a compiled model the dispatch mode cannot follow
+            sys.stderr.write(f"autotune: live tensors not tracked ({type(exc).__name__}: {exc})\n")
     finally:
         runner.close()
     measured = timings[spec.settings.warmup :]
@@ -151,7 +185,40 @@ def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
         optimizer=statistics.median(t.optimizer for t in measured),
     )
     tokens = model_file.tokens_per_sample(runner.last_batch)
-    return {"split": split, "tokens": tokens, "device": runner.device, "engine": "torch"}
+    return {"split": split, "tokens": tokens, "device": runner.device, "engine": "torch",
+            "live": live, "cuda": cuda_peak}  # fmt: skip
+
+
+def _grads(model: Any) -> list[Any]:
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def _cuda_peak(device: Any) -> int | None:
+    """``torch.cuda.max_memory_allocated`` so far on a CUDA device, else ``None``."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def _tensors_on(device: Any) -> list[Any]:
+    """Every tensor object alive in this process on ``device``'s type (a gc walk)."""
+    import gc
+    import warnings
+
+    import torch
+
+    found = []
+    with warnings.catch_warnings():  # isinstance on deprecated module proxies warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.Tensor) and obj.device.type == device.type:
+                    found.append(obj)
+            except Exception:  # proxies and half-built objects: not tensors we can size
+                continue
+    return found
 
 
 def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
@@ -201,8 +268,13 @@ def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
         return time.perf_counter() - start, loss
 
     steps.run(step)
+    cuda_peak = _cuda_peak(engine.device)
+    # The engine's flat buffers and partitions are not all reachable from the model or
+    # the optimizer, so everything alive on the device counts as present at the start.
+    live = _live_peak(engine.device, _tensors_on(engine.device), step)
     tokens = model_file.tokens_per_sample(last[0])
-    return {"split": None, "tokens": tokens, "device": engine.device, "engine": "deepspeed"}
+    return {"split": None, "tokens": tokens, "device": engine.device, "engine": "deepspeed",
+            "live": live, "cuda": cuda_peak}  # fmt: skip
 
 
 def _warm_launcher(spec: WorkerSpec) -> TrialResult:
@@ -222,21 +294,25 @@ def _warm_launcher(spec: WorkerSpec) -> TrialResult:
     return TrialResult(engine="deepspeed")
 
 
-def _peaks(device: Any, watch: MemoryWatch) -> tuple[list[int], str]:
-    import torch
+def _peaks(info: dict[str, Any], watch: MemoryWatch) -> dict[str, Any]:
+    """Per-rank peaks: the judged one and its source, live tensor bytes, RSS growth."""
+    mine = (info["cuda"], info["live"], watch.peak_delta())
+    world = _rank()[1]
+    gathered: list[Any] = [mine]
+    if world > 1:
+        import torch.distributed as dist
 
-    if getattr(device, "type", "cpu") == "cuda":
-        peak, source = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    else:
-        peak, source = watch.peak_delta(), "cpu_rss_delta"
-    rank, world = _rank()
-    if world == 1:
-        return [peak], source
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, peak)
-    return [int(value) for value in gathered], source
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+    cuda, live, rss = ([rank[i] for rank in gathered] for i in range(3))
+    if None not in cuda:
+        peak, source = cuda, "cuda_max_allocated"
+    elif None not in live:
+        peak, source = live, "cpu_live_tensors"
+    else:  # not comparable with the estimate; labelled so
+        peak, source = rss, "cpu_rss_delta"
+    return {"peak_memory_bytes": peak, "peak_source": source, "rss_delta_bytes": rss,
+            "live_tensor_bytes": live if None not in live else []}  # fmt: skip
 
 
 def run_trial(
@@ -249,7 +325,7 @@ def run_trial(
     steps = _Steps(spec, write, watch)
     use_deepspeed = plan.uses_deepspeed or _rank()[1] > 1
     info = (_deepspeed_trial if use_deepspeed else _torch_trial)(spec, steps)
-    peaks, source = _peaks(info["device"], watch)
+    peaks = _peaks(info, watch)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time
     tokens = info["tokens"]
@@ -260,8 +336,7 @@ def run_trial(
         step_time=step_time,
         step_times=steps.times,
         split=info["split"],
-        peak_memory_bytes=peaks,
-        peak_source=source,
+        **peaks,
         device_memory=settings.device_memory,
         loss_first=steps.losses[0],
         loss_last=steps.losses[-1],

@@ -34,7 +34,7 @@ def load_profile(
 
 def make_predict(profile: ProfileRecord, device_memory: int | None) -> Predict:
     """The estimate as a ``plan -> Prediction`` function (pure once the facts are read)."""
-    from autotune.estimate import estimate_plan
+    from autotune._estimate import estimate_plan
     from autotune.modelfacts import facts_from_profile
 
     facts = facts_from_profile(profile)
@@ -87,8 +87,8 @@ def tune_model(
     record = load_profile(model_path, profile_path, global_batch // nproc, device)
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
-    from autotune.recommend import code_changes_for
-    from autotune.suggest import policy_plan
+    from autotune._recommend import code_changes_for
+    from autotune._suggest import policy_plan
 
     policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
                          global_batch=global_batch, policy_path=policy_path)  # fmt: skip

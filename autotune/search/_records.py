@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune._recommend import MeasuredPlan, Recommendation
 from autotune.plan import Plan
-from autotune.recommend import MeasuredPlan, Recommendation
 
 SCHEMA_VERSION = 1
 
@@ -64,8 +64,25 @@ class TrialResult(_Record):
     step_time: float | None = Field(default=None, description="median seconds per optimizer step")
     step_times: list[float] = Field(default_factory=list)
     split: StepSplit | None = None
-    peak_memory_bytes: list[int] = Field(default_factory=list, description="one per rank")
-    peak_source: str | None = Field(default=None, description="cuda_max_allocated or cpu_rss_delta")
+    peak_memory_bytes: list[int] = Field(
+        default_factory=list,
+        description="one per rank: the peak a budget check and the estimate use",
+    )
+    peak_source: str | None = Field(
+        default=None,
+        description="cuda_max_allocated, cpu_live_tensors (as `autotune profile` measures), "
+        "or cpu_rss_delta where live tensors could not be tracked",
+    )
+    live_tensor_bytes: list[int] = Field(
+        default_factory=list,
+        description="one per rank: most live tensor bytes in one extra, untimed, tracked step "
+        "(empty: not measured)",
+    )
+    rss_delta_bytes: list[int] = Field(
+        default_factory=list,
+        description="one per rank: process RSS growth since the model file loaded; "
+        "includes allocator caches and library memory, so larger than the peak",
+    )
     device_memory: int | None = Field(
         default=None, description="the budget the peak is judged against"
     )

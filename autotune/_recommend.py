@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 import tempfile
-import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -365,8 +364,8 @@ def _recommend_by_policy(
     model_file: str | Path, *, global_batch: int, world_size: int, device_memory: int | None,
     device: str, gpus_per_node: int | None,
 ) -> Recommendation:  # fmt: skip
+    from autotune._suggest import policy_plan
     from autotune.runtime.profiler import profile
-    from autotune.suggest import policy_plan
 
     # A short profile at a small share of the per-rank batch, as `autotune tune` takes.
     per_rank = global_batch // world_size
@@ -388,17 +387,3 @@ def _recommend_by_policy(
         ],
         capabilities=record.environment.capabilities,
     )
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``autotune.recommend(...)`` call the function even after ``import autotune.recommend``.
-
-    Importing this submodule rebinds the package attribute ``recommend`` from the
-    function (exported lazily) to the module; calling the module calls the function.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Recommendation:
-        return recommend(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune._errors import AutotuneError
-from autotune.estimate import facts_from_profile
+from autotune._estimate import facts_from_profile
 from autotune.plan import Plan
 from autotune.policy import ACTIONS, Facts, Policy, Rule, load_policy
 from autotune.policy._profile_facts import FactBuilder, Machine
