@@ -59,8 +59,9 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, cm.StateBytes, Sour
     result: Moments = {
         "backward": {
             **common,
-            # DeepSpeed allocates its gradient buffers up front; torch creates them in backward
-            "gradients": states.gradients if plan.uses_deepspeed else 0.0,
+            # DeepSpeed allocates its gradient buffers up front; torch creates them in the
+            # first backward, so under accumulation the earlier micro-batches' are live
+            "gradients": states.gradients if _gradients_before_backward(plan) else 0.0,
             "activations": cm.saved_activations(fig, b, k),
             "autocast_weight_copies": copies if amp else 0.0,
         },
@@ -82,6 +83,11 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, cm.StateBytes, Sour
     return result, states, spec.source
 
 
+def _gradients_before_backward(plan: Plan) -> bool:
+    """Whether every gradient already exists when the last micro-batch's backward starts."""
+    return plan.uses_deepspeed or plan.grad_accum > 1
+
+
 def _recompute_live(
     facts: ModelFacts, plan: Plan, gradients: float, block_input: float, k: int
 ) -> tuple[float, float]:
@@ -90,7 +96,7 @@ def _recompute_live(
     Under torch the blocks after j have their gradients by then and the inputs
     of blocks 0..j are still kept; DeepSpeed's gradient buffers are all there.
     """
-    if plan.uses_deepspeed:
+    if _gradients_before_backward(plan):
         return gradients, k * block_input
     trainable = max(facts.trainable_parameters, 1)
     share = (facts.block_parameters or trainable / (facts.num_layers + 1)) / trainable

@@ -114,6 +114,14 @@ def test_doubling_the_micro_batch_adds_the_per_sample_activations_and_temporarie
     assert double.memory.activations == act8
 
 
+def test_accumulation_keeps_the_earlier_micro_batches_gradients_live_in_backward() -> None:
+    facts = facts_from_profile(make_profile())  # peaks at the start of backward, no gradients
+    one = estimate_plan(facts, Plan(micro_batch=4))
+    two = estimate_plan(facts, Plan(micro_batch=4, grad_accum=2))
+    # plain torch creates gradients in the first backward: the last one starts with all of them
+    assert two.memory.peak == pytest.approx(one.memory.peak + 4 * P, abs=2)
+
+
 def test_checkpointing_all_blocks_keeps_inputs_and_one_recomputed_block() -> None:
     facts = facts_from_profile(make_profile())
     full = estimate_plan(facts, Plan(micro_batch=4)).memory.activations
