@@ -6,9 +6,10 @@ from a trace without allocation (``autotune.runtime.trace``).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autotune import costmodel as cm
+from autotune._record import Record as _Record
 from autotune.claims import ClaimCheck, check_claim, train_days
 from autotune.modelfacts import (
     ActivationSpec,
@@ -45,10 +46,6 @@ MARGIN_NOTE = (
     "fits = predicted peak <= device memory x (1 - margin); the margin covers what tensors "
     "do not show: CUDA context, allocator fragmentation, communication buffers"
 )
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class MemoryEstimate(_Record):

@@ -12,17 +12,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autotune._errors import AutotuneError
+from autotune._record import Record as _Record
 from autotune.plan import Plan
 from autotune.records import Capabilities
 
 SCHEMA_VERSION = 1
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class MeasuredPlan(_Record):
@@ -68,6 +65,9 @@ class Recommendation(_Record):
     notes: list[str] = Field(default_factory=list)
     capabilities: Capabilities | None = Field(
         None, description="the measured device's precision support; None = not measured"
+    )
+    parameters: int | None = Field(
+        None, description="the model's parameter count, which sizes ZeRO's buckets; None = unknown"
     )
 
     def deepspeed_config(
@@ -386,4 +386,5 @@ def _recommend_by_policy(
             "from one short profile and the policy's rules; not confirmed by trials (search=True is)"
         ],
         capabilities=record.environment.capabilities,
+        parameters=record.model.parameters,
     )

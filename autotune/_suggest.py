@@ -6,20 +6,17 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autotune._errors import AutotuneError
 from autotune._estimate import facts_from_profile
+from autotune._record import Record as _Record
 from autotune.plan import Plan
 from autotune.policy import ACTIONS, Facts, Policy, Rule, load_policy
 from autotune.policy._profile_facts import FactBuilder, Machine
 from autotune.records import ProfileRecord
 
 SCHEMA_VERSION = 1
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Evidence(_Record):

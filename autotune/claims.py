@@ -7,15 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from autotune import costmodel as cm
+from autotune._record import Record as _Record
 from autotune.modelfacts import ModelFacts, block_share
 from autotune.plan import Plan
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ClaimCheck(_Record):

@@ -31,6 +31,8 @@ class StateBytes:
     gradients: float
     optimizer_states: float
     accounting: Accounting
+    step_gradients: float = 0.0
+    """Of ``gradients``, the bytes that exist only during the optimizer step."""
 
     @property
     def total(self) -> float:
@@ -127,7 +129,32 @@ def model_state_bytes(
         gradients=grads + fp32_grad_partition,
         optimizer_states=optimizer,
         accounting="deepspeed",
+        # Stages 1-2 build the fp32 partition in step() and free it after (deepspeed 0.19
+        # stage_1_and_2.py step); stage 3 holds it from the start.
+        step_gradients=fp32_grad_partition if zero_stage < 3 else 0.0,
     )
+
+
+def zero_bucket_bytes(
+    *, zero_stage: int, bucket_elements: float, precision: str, overlap_comm: bool = True
+) -> float:
+    """Device bytes of DeepSpeed ZeRO's gradient buckets, each ``bucket_elements`` long.
+
+    Stages 1 and 2 (deepspeed 0.19 ``stage_1_and_2.py`` ``setup_buckets``) allocate
+    one bucket per communication dtype at the first gradient of every backward, two
+    with ``overlap_comm``, in the weights' dtype (fp32 under autocast), and free them
+    when the backward ends. Stage 3 (``stage3.py`` ``__init__``) holds one per
+    communication dtype, in that dtype, for the whole run. Under autocast DeepSpeed
+    communicates ``nn.Linear`` weights in the autocast dtype and the rest in fp32:
+    two buckets, counted whether or not the model has both kinds.
+    """
+    if zero_stage <= 0:
+        return 0.0
+    w = WEIGHT_BYTES[precision]
+    amp = precision.startswith("amp")
+    if zero_stage >= 3:
+        return bucket_elements * (4 + 2 if amp else w)
+    return bucket_elements * w * (2 if amp else 1) * (2 if overlap_comm else 1)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ Config = dict[str, Any]
 
 # DeepSpeed's own defaults, written out so the file shows what the engine will use.
 BUCKET_SIZE = 500_000_000
+BUCKET_ALIGNMENT = 2
+"""ZeRO-1/2 asserts allgather_bucket_size % 2 == 0 (4-byte NCCL alignment of 16-bit elements)."""
 STAGE3_PREFETCH_BUCKET_SIZE = 50_000_000
 STAGE3_PERSISTENCE_THRESHOLD = 100_000
 GRADIENT_CLIPPING = 1.0
@@ -108,6 +110,36 @@ KNOWN_TOP_LEVEL_KEYS = frozenset(
 )
 
 
+def bucket_elements(parameters: int | None) -> int:
+    """Elements per ZeRO gradient bucket (``reduce_bucket_size`` / ``allgather_bucket_size``).
+
+    ZeRO allocates its gradient buckets at full size whatever the model (stage 1/2:
+    two of them with overlap_comm), so DeepSpeed's 500M default costs a model of a few
+    thousand parameters 4 GB in fp32. A bucket holding every parameter already reduces
+    them all in one collective, which is what the default does for any model under
+    500M parameters, so capping the bucket at the model's size frees that memory and
+    keeps DeepSpeed's communication schedule unchanged.
+
+    Args:
+        parameters: the model's parameter count; None (unknown) keeps DeepSpeed's default.
+
+    Returns:
+        ``min(BUCKET_SIZE, parameters)`` rounded up to a multiple of ``BUCKET_ALIGNMENT``
+        (at least ``BUCKET_ALIGNMENT``).
+
+    Example:
+        >>> bucket_elements(2145), bucket_elements(7_000_000_000), bucket_elements(None)
+        (2146, 500000000, 500000000)
+    """
+    if parameters is None:
+        return BUCKET_SIZE
+    if parameters < 0:
+        raise AutotuneError(f"parameters: {parameters} must not be negative")
+    size = max(parameters, BUCKET_ALIGNMENT)
+    size += -size % BUCKET_ALIGNMENT
+    return min(BUCKET_SIZE, size)
+
+
 def deepspeed_config(
     plan_or_recommendation: Plan | Recommendation,
     *,
@@ -116,6 +148,7 @@ def deepspeed_config(
     hf_auto: bool = False,
     nvme_path: str | None = None,
     capabilities: Capabilities | None = None,
+    parameters: int | None = None,
 ) -> Config:
     """A ready DeepSpeed config for a plan, checked before it is returned.
 
@@ -134,6 +167,8 @@ def deepspeed_config(
             (unless ``base`` gives one).
         capabilities: the target device's precision support (from a profile); when
             given, a 16-bit type the device lacks is refused.
+        parameters: the model's parameter count; sizes the ZeRO buckets with
+            :func:`bucket_elements` (None: the recommendation's, else DeepSpeed's default).
 
     Returns:
         The config as a JSON-ready dict.
@@ -154,15 +189,22 @@ def deepspeed_config(
         if isinstance(plan_or_recommendation, Plan)
         else plan_or_recommendation.plan
     )
-    if capabilities is None and not isinstance(plan_or_recommendation, Plan):
-        capabilities = plan_or_recommendation.capabilities
+    if not isinstance(plan_or_recommendation, Plan):
+        if capabilities is None:
+            capabilities = plan_or_recommendation.capabilities
+        if parameters is None:
+            parameters = plan_or_recommendation.parameters
     world = plan.world_size if world_size is None else world_size
     if world < 1:
         raise AutotuneError(f"world_size: {world} must be at least 1")
     user = copy.deepcopy(base or {})
     check_top_level_keys(user)
     ours = plan_config(
-        plan, world_size=world, nvme_path=nvme_path, client_optimizer="optimizer" not in user
+        plan,
+        world_size=world,
+        nvme_path=nvme_path,
+        client_optimizer="optimizer" not in user,
+        parameters=parameters,
     )
     merged = merge_into_base(user, ours)
     resolved = _resolve_leftover_auto(merged, hf_auto)
@@ -175,9 +217,17 @@ def deepspeed_config(
 
 
 def plan_config(
-    plan: Plan, *, world_size: int, nvme_path: str | None = None, client_optimizer: bool = True
+    plan: Plan,
+    *,
+    world_size: int,
+    nvme_path: str | None = None,
+    client_optimizer: bool = True,
+    parameters: int | None = None,
 ) -> Config:
-    """The config keys a plan decides, with DeepSpeed's tuning defaults written out."""
+    """The config keys a plan decides, with DeepSpeed's tuning defaults written out.
+
+    ``parameters`` (the model's count) sizes the ZeRO buckets; see :func:`bucket_elements`.
+    """
     config: Config = {
         "train_batch_size": plan.micro_batch * plan.grad_accum * world_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
@@ -185,7 +235,7 @@ def plan_config(
         "gradient_clipping": GRADIENT_CLIPPING,
         "bf16": {"enabled": plan.precision == "bf16"},
         "fp16": {"enabled": plan.precision == "fp16"},
-        "zero_optimization": _zero_section(plan, nvme_path),
+        "zero_optimization": _zero_section(plan, nvme_path, bucket_elements(parameters)),
     }
     if plan.precision == "fp16":
         config["fp16"].update(FP16_LOSS_SCALING)
@@ -200,13 +250,13 @@ def plan_config(
     return config
 
 
-def _zero_section(plan: Plan, nvme_path: str | None) -> Config:
+def _zero_section(plan: Plan, nvme_path: str | None, bucket: int) -> Config:
     zero: Config = {"stage": plan.zero_stage}
     if plan.zero_stage == 0:
         return zero
-    zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=BUCKET_SIZE)
+    zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=bucket)
     if plan.zero_stage < 3:
-        zero.update(reduce_scatter=True, allgather_bucket_size=BUCKET_SIZE)
+        zero.update(reduce_scatter=True, allgather_bucket_size=bucket)
     else:
         zero.update(
             stage3_prefetch_bucket_size=STAGE3_PREFETCH_BUCKET_SIZE,

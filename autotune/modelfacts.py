@@ -7,18 +7,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autotune import costmodel as cm
+from autotune._record import Record as _Record
 from autotune.plan import Plan, Precision
 from autotune.records import AtPeak, ProfileRecord
 
 Source = Literal["measured", "traced", "formula"]
 _PROFILE_TO_PLAN: dict[str, Precision] = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ActivationSpec(_Record):

@@ -7,11 +7,14 @@ blocks before it, one block's full activations) or the optimizer step (all
 model states). A profile says which moment peaked and what was live then;
 that moment is rebuilt for a new plan by scaling each category by the cost
 model's ratio new/profiled, the others come from the cost model alone.
+The moments' ``temporaries`` are the ones the plan fixes in advance (DeepSpeed's
+gradient buckets); the measured ones scale on top of them.
 """
 
 from __future__ import annotations
 
 from autotune import costmodel as cm
+from autotune.dsconfig import bucket_elements
 from autotune.modelfacts import ModelFacts, Source, activation_spec
 from autotune.plan import Plan
 
@@ -42,9 +45,24 @@ def states_for(facts: ModelFacts, plan: Plan) -> cm.StateBytes:
     )
 
 
+def bucket_bytes(facts: ModelFacts, plan: Plan) -> float:
+    """ZeRO's gradient buckets, sized as the emitted config sizes them (:func:`bucket_elements`)."""
+    return cm.zero_bucket_bytes(
+        zero_stage=plan.zero_stage,
+        bucket_elements=bucket_elements(facts.parameters),
+        precision=plan.precision,
+    )
+
+
 def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, cm.StateBytes, Source]:
-    """Bytes of every category at each moment the plan's step can peak (no temporaries)."""
+    """Bytes of every category at each moment the plan's step can peak.
+
+    The only temporaries counted are DeepSpeed's gradient buckets: live through
+    backward at stages 1-2, through the whole step at stage 3.
+    """
     states = states_for(facts, plan)
+    buckets = bucket_bytes(facts, plan)
+    backward_grads = states.gradients - states.step_gradients
     spec, _ = activation_spec(facts, plan.precision)
     layers, k, b = facts.num_layers, min(plan.checkpoint_blocks, facts.num_layers), plan.micro_batch
     fig = spec.figures(layers)
@@ -53,7 +71,7 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, cm.StateBytes, Sour
         "parameters": states.parameters,
         "buffers": float(facts.buffers),
         "optimizer_states": states.optimizer_states,
-        "temporaries": 0.0,
+        "temporaries": buckets,
     }
     copies = spec.weight_copies(layers, k) - (spec.block_autocast_weight_copies if k else 0.0)
     result: Moments = {
@@ -61,7 +79,7 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, cm.StateBytes, Sour
             **common,
             # DeepSpeed allocates its gradient buffers up front; torch creates them in the
             # first backward, so under accumulation the earlier micro-batches' are live
-            "gradients": states.gradients if _gradients_before_backward(plan) else 0.0,
+            "gradients": backward_grads if _gradients_before_backward(plan) else 0.0,
             "activations": cm.saved_activations(fig, b, k),
             "autocast_weight_copies": copies if amp else 0.0,
         },
@@ -70,10 +88,11 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, cm.StateBytes, Sour
             "gradients": states.gradients,
             "activations": 0.0,
             "autocast_weight_copies": 0.0,
+            "temporaries": buckets if plan.zero_stage >= 3 else 0.0,
         },
     }
     if k and fig.blocks:
-        grads, inputs = _recompute_live(facts, plan, states.gradients, fig.block_input(b), k)
+        grads, inputs = _recompute_live(facts, plan, backward_grads, fig.block_input(b), k)
         result["recompute"] = {
             **common,
             "gradients": grads,
@@ -132,28 +151,46 @@ def predict_peak(facts: ModelFacts, plan: Plan) -> tuple[float, float, str, cm.S
     if base is None:
         totals = {name: sum(sizes.values()) for name, sizes in new.items()}
         name = max(totals, key=lambda key: totals[key])
-        return totals[name], 0.0, f"{name} (sum of live categories)", states, source
+        how = _buckets_note(f"{name} (sum of live categories)", new[name]["temporaries"])
+        return totals[name], new[name]["temporaries"], how, states, source
     live = {c: float(v) for c, v in base.at_peak.model_dump().items()}
     old, _, _ = moments(facts, base.plan)
     moment = _which(facts, live, old["backward"]["activations"])
-    # temporaries per activation byte at the measured moment (backward's own buffers)
+    if plan.uses_deepspeed and not base.plan.uses_deepspeed and moment in old:
+        # DeepSpeed frees each .grad once reduced into its own buffers: gradients the
+        # profiled loop kept between its steps do not carry over
+        live["gradients"] = old[moment]["gradients"]
+    # temporaries per activation byte at the measured moment (backward's own buffers),
+    # less what the profiled plan fixed in advance (its buckets)
     moment_act = old[moment]["activations"] if moment in old else 0.0
-    per_act = live["temporaries"] / moment_act if moment != "optimizer" and moment_act else 0.0
+    measured = max(live["temporaries"] - old[moment]["temporaries"], 0.0) if moment in old else 0.0
+    per_act = measured / moment_act if moment != "optimizer" and moment_act else 0.0
     totals, temps = {}, {}
     for name, sizes in new.items():
         if name == moment and name in old:
             scale = plan.micro_batch / base.plan.micro_batch
             totals[name], temps[name] = _rescaled(live, old[name], sizes, moment, scale)
         else:
-            temps[name] = per_act * sizes["activations"] if name != "optimizer" else 0.0
-            totals[name] = sum(sizes.values()) + temps[name]
+            scaled = per_act * sizes["activations"] if name != "optimizer" else 0.0
+            temps[name] = scaled + sizes["temporaries"]
+            totals[name] = sum(sizes.values()) + scaled
     if plan == base.plan:
         return float(base.peak), live["temporaries"], f"{moment} (measured)", states, source
     name = max(totals, key=lambda key: totals[key])
     how = (
         "measured moment rescaled" if name == moment else "cost model, temporaries from the profile"
     )
-    return totals[name], temps[name], f"{name} ({how})", states, source
+    return (
+        totals[name],
+        temps[name],
+        _buckets_note(f"{name} ({how})", new[name]["temporaries"]),
+        states,
+        source,
+    )
+
+
+def _buckets_note(how: str, buckets: float) -> str:
+    return f"{how}, with ZeRO gradient buckets of {buckets:,.0f} bytes" if buckets else how
 
 
 def _rescaled(
@@ -163,7 +200,7 @@ def _rescaled(
 
     Temporaries follow what makes them: the recomputed block's activations, the
     micro-batch (``scale``, new/old) at the start of backward, nothing at the
-    optimizer step.
+    optimizer step; the plans' own (DeepSpeed's buckets) are swapped, old for new.
     """
     total = 0.0
     for c in CATEGORIES:
@@ -179,5 +216,5 @@ def _rescaled(
         ratio = scale
     else:  # the optimizer's: independent of the batch
         ratio = 1.0
-    temps = live["temporaries"] * ratio
+    temps = max(live["temporaries"] - old["temporaries"], 0.0) * ratio + new["temporaries"]
     return total + temps, temps

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from autotune._errors import AutotuneError
+from autotune._record import Record
 
 Precision = Literal["fp32", "amp_bf16", "amp_fp16", "bf16", "fp16"]
 """``fp32``; ``amp_*``: torch autocast with fp32 parameters; ``bf16``/``fp16``:
@@ -16,15 +17,13 @@ Offload = Literal["none", "cpu", "nvme"]
 Attention = Literal["default", "eager", "sdpa", "flash_attention_2"]
 
 
-class Plan(BaseModel):
+class Plan(Record):
     """One training configuration. Immutable; derive variants with :meth:`with_changes`.
 
     ``checkpoint_blocks`` counts how many of the L blocks of the model's repeated
     stack are checkpointed (Megatron's "block" method; L is what
     ``gradient_checkpointing_enable()`` does).
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     precision: Precision = "fp32"
     checkpoint_blocks: int = Field(0, ge=0, description="blocks of the stack checkpointed, 0..L")

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from autotune._record import Record as _Record
 
 SCHEMA_VERSION = 1
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ProfileConfig(_Record):

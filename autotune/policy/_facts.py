@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from autotune._record import Record
 from autotune.plan import Plan
 
 Source = Literal["measured", "formula", "traced", "given", "plan"]
@@ -14,15 +15,13 @@ Source = Literal["measured", "formula", "traced", "given", "plan"]
 FactKind = Literal["share", "ratio", "count", "bytes", "gbps", "fraction", "bool", "str"]
 
 
-class Facts(BaseModel):
+class Facts(Record):
     """What the policy knows about one plan of one model on one machine.
 
     ``None`` means "not known here" (not measured, no budget given); a clause
     over an unknown fact is false, so an unknown never triggers a change.
     ``sources`` says, per fact, whether it was measured, predicted or given.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     plan: Plan
     device_type: str

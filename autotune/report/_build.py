@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autotune._errors import AutotuneError
 from autotune._estimate import ModelFacts, facts_from_profile
 from autotune._io import atomic_write_bytes, atomic_write_text
 from autotune._recommend import Recommendation
+from autotune._record import Record
 from autotune._suggest import ConfirmRecord, SuggestRecord
 from autotune.records import ProfileRecord
 from autotune.report import _changes, _collect, _figures, _html
@@ -48,10 +49,8 @@ class Report:
     notes: list[str]
 
 
-class ReportRecord(BaseModel):
+class ReportRecord(Record):
     """What ``autotune report --json`` prints: the files written and what was left out."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     out: str
     figures: list[str] = Field(description="figure names, in page order")

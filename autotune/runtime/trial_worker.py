@@ -237,7 +237,8 @@ def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     model = model_file.build_model()
     apply_checkpointing(model, plan.checkpoint_blocks)
     optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
-    config = deepspeed_config(plan, world_size=_rank()[1])
+    parameters = sum(p.numel() for p in model.parameters())
+    config = deepspeed_config(plan, world_size=_rank()[1], parameters=parameters)
     # A torch client optimizer avoids compiling DeepSpeed's own (60-75 s per trial shape).
     config["zero_allow_untested_optimizer"] = True
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)

@@ -102,9 +102,14 @@ def tune_model(
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    return tune(
+    tuned = tune(
         settings.model_file, global_batch=global_batch, settings=settings,
         runner=runner or SubprocessRunner(), nproc=nproc, blocks=stack.count if stack else 0,
         policy=policy, baseline=baseline, predict=make_predict(record, device_memory),
         code_changes=changes, progress=progress, **options,
     )  # fmt: skip
+    if tuned.recommendation is None:
+        return tuned
+    # The trials sized ZeRO's buckets to the model; the emitted config must do the same.
+    rec = tuned.recommendation.model_copy(update={"parameters": record.model.parameters})
+    return tuned.model_copy(update={"recommendation": rec})

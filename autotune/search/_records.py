@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autotune._recommend import MeasuredPlan, Recommendation
+from autotune._record import Record as _Record
 from autotune.plan import Plan
 
 SCHEMA_VERSION = 1
@@ -14,10 +15,6 @@ SCHEMA_VERSION = 1
 Outcome = Literal["ok", "oom", "timeout", "crash"]
 TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
 Role = Literal["policy", "baseline", "search"]
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class TrialSettings(_Record):
