@@ -211,3 +211,35 @@ def test_train_days_from_mfu() -> None:
     rate = cm.tokens_per_second_at_mfu(0.5, 1e15, 8, per_token)
     assert cm.train_days(rate * 86_400 * 3, rate) == pytest.approx(3.0)
     assert cm.flops_per_token(1e9, layers=2, hidden=10, seq_len=100) == 6e9 + 12 * 2 * 10 * 100
+
+
+@pytest.mark.parametrize(
+    ("stage", "precision", "bytes_per_element"),
+    [
+        (0, "bf16", 0),  # no ZeRO optimizer, no buckets
+        (1, "fp32", 2 * 4),  # two buckets (overlap_comm) in the weights' dtype
+        (2, "bf16", 2 * 2),
+        (2, "amp_bf16", 2 * 2 * 4),  # fp32 and bf16 communication buckets, both fp32 at 1-2
+        (3, "bf16", 2),  # one bucket per communication dtype, in that dtype
+        (3, "amp_fp16", 4 + 2),
+    ],
+)
+def test_zero_bucket_bytes(stage: int, precision: str, bytes_per_element: int) -> None:
+    got = cm.zero_bucket_bytes(zero_stage=stage, bucket_elements=1000, precision=precision)
+    assert got == 1000 * bytes_per_element
+
+
+def test_one_bucket_without_overlap_comm() -> None:
+    got = cm.zero_bucket_bytes(
+        zero_stage=2, bucket_elements=1000, precision="fp16", overlap_comm=False
+    )
+    assert got == 1000 * 2
+
+
+def test_deepspeed_fp32_gradient_partition_exists_only_in_the_step() -> None:
+    kw = {"parameters": 1e6, "trainable": 1e6, "precision": "bf16", "world_size": 4}
+    two = cm.model_state_bytes(zero_stage=2, **kw)  # type: ignore[arg-type]
+    assert two.step_gradients == 4 * 1e6 / 4
+    assert two.gradients - two.step_gradients == 2 * 1e6 / 4
+    three = cm.model_state_bytes(zero_stage=3, **kw)  # type: ignore[arg-type]
+    assert three.step_gradients == 0.0  # stage 3 holds its fp32 partition throughout

@@ -13,7 +13,9 @@ import pytest
 from autotune._errors import AutotuneError
 from autotune._recommend import Recommendation
 from autotune.dsconfig import (
+    BUCKET_SIZE,
     KNOWN_TOP_LEVEL_KEYS,
+    bucket_elements,
     check_config,
     deepspeed_config,
     plan_readback,
@@ -113,6 +115,64 @@ def test_world_size_defaults_to_the_plans_devices() -> None:
 def test_recommendation_gives_its_plans_config() -> None:
     rec = Recommendation(source="plan", plan=parse_plan("stage=3,mb=2"))
     assert rec.deepspeed_config(world_size=2) == deepspeed_config(rec.plan, world_size=2)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "elements"),
+    [
+        (None, BUCKET_SIZE),  # unknown: DeepSpeed's default
+        (0, 2),
+        (1, 2),
+        (2145, 2146),  # rounded up to ZeRO's 2-element alignment
+        (2146, 2146),
+        (BUCKET_SIZE - 1, BUCKET_SIZE),
+        (BUCKET_SIZE + 1, BUCKET_SIZE),
+        (7_000_000_000, BUCKET_SIZE),
+    ],
+)
+def test_bucket_elements_is_the_model_size_capped_at_the_default(
+    parameters: int | None, elements: int
+) -> None:
+    assert bucket_elements(parameters) == elements
+
+
+def test_bucket_elements_rejects_a_negative_count() -> None:
+    with pytest.raises(AutotuneError, match="parameters: -1"):
+        bucket_elements(-1)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "parameters", "reduce", "allgather"),
+    [
+        ("stage=2", None, BUCKET_SIZE, BUCKET_SIZE),
+        ("stage=2", 2145, 2146, 2146),
+        ("stage=1,precision=bf16", 10_000_000, 10_000_000, 10_000_000),
+        ("stage=3", 2145, 2146, None),
+        ("stage=3", None, BUCKET_SIZE, None),
+    ],
+)
+def test_bucket_keys_follow_the_model_size(
+    knobs: str, parameters: int | None, reduce: int, allgather: int | None
+) -> None:
+    zero = deepspeed_config(parse_plan(knobs), world_size=2, parameters=parameters)[
+        "zero_optimization"
+    ]
+    assert zero["reduce_bucket_size"] == reduce
+    assert zero.get("allgather_bucket_size") == allgather
+
+
+def test_stage0_has_no_buckets_whatever_the_model_size() -> None:
+    zero = deepspeed_config(parse_plan("stage=0"), world_size=2, parameters=2145)
+    assert zero["zero_optimization"] == {"stage": 0}
+
+
+def test_recommendation_sizes_buckets_with_its_parameter_count() -> None:
+    rec = Recommendation(source="tune", plan=parse_plan("stage=2,mb=2"), parameters=2145)
+    zero = rec.deepspeed_config(world_size=2)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 2146
+    # an explicit count wins over the recommendation's
+    explicit = deepspeed_config(rec, world_size=2, parameters=10_000)["zero_optimization"]
+    assert explicit["reduce_bucket_size"] == 10_000
 
 
 def test_base_keys_are_kept_and_auto_filled() -> None:

@@ -122,6 +122,32 @@ def test_accumulation_keeps_the_earlier_micro_batches_gradients_live_in_backward
     assert two.memory.peak == pytest.approx(one.memory.peak + 4 * P, abs=2)
 
 
+def test_a_zero2_plan_peaks_with_deepspeeds_gradient_buckets_in_backward() -> None:
+    from autotune.dsconfig import bucket_elements
+
+    facts = facts_from_profile(make_profile())  # fp32 torch profile peaking in backward
+    est = estimate_plan(facts, Plan(zero_stage=2, micro_batch=4, gpus_per_node=2)).memory
+    buckets = 2 * 4 * bucket_elements(P)  # two fp32 buckets (overlap_comm), sized to the model
+    assert buckets == 8_000_000
+    assert est.temporaries == 400_000 + buckets
+    # weights 4P; this rank's fp32 gradient share 2P (the fp32 partition exists only in the
+    # step); master + Adam sharded (4 + 8) P / 2; the profile's activations and temporaries
+    assert est.peak == pytest.approx(4 * P + 128 + 2 * P + 6 * P + 4_000_000 + 400_000 + buckets)
+    assert "ZeRO gradient buckets of 8,000,000 bytes" in est.peak_composition
+
+
+@pytest.mark.parametrize(("stage", "at_step"), [(1, 0.0), (2, 0.0), (3, 4.0 * 1_000_000)])
+def test_stage_1_2_buckets_are_gone_at_the_optimizer_step_stage_3_keeps_its_own(
+    stage: int, at_step: float
+) -> None:
+    from autotune.peakmodel import moments
+
+    facts = facts_from_profile(make_profile())
+    live, _, _ = moments(facts, Plan(zero_stage=stage, micro_batch=4, gpus_per_node=2))
+    assert live["optimizer"]["temporaries"] == at_step
+    assert live["backward"]["temporaries"] == (4.0 if stage == 3 else 8.0) * 1_000_000
+
+
 def test_checkpointing_all_blocks_keeps_inputs_and_one_recomputed_block() -> None:
     facts = facts_from_profile(make_profile())
     full = estimate_plan(facts, Plan(micro_batch=4)).memory.activations
