@@ -47,6 +47,9 @@ class ModelInfo(_Record):
     hidden_size: int | None = None
     num_attention_heads: int | None = None
     num_layers: int | None = None
+    attention: str | None = Field(
+        None, description="attention implementation of a transformers model (eager, sdpa, ...)"
+    )
 
 
 class ModuleBytes(_Record):

@@ -42,6 +42,7 @@ def model_info(
     hidden_size: int | None = None,
     num_attention_heads: int | None = None,
     num_layers: int | None = None,
+    attention: str | None = None,
 ) -> ModelInfo:
     """A model of ``layers`` blocks (none when 0) whose parameters are all trainable."""
     return ModelInfo(
@@ -56,6 +57,7 @@ def model_info(
         tokens_per_sample=tokens_per_sample,
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
+        attention=attention,
         num_layers=num_layers,
     )
 
@@ -195,6 +197,7 @@ def synthetic_profile(
     bf16_ratio: float | None = 3.0,
     precision: str = "fp32",
     heads: int | None = 12,
+    attention: str | None = None,
 ) -> ProfileRecord:
     """A profile with model states 16 bytes/param and activations linear in the batch."""
     block_per_sample = 0.9 * activations_per_sample / layers
@@ -209,6 +212,7 @@ def synthetic_profile(
             hidden_size=768 if heads else None,
             num_attention_heads=heads,
             num_layers=layers or None,
+            attention=attention,
         ),
         batch_size=batch_size,
         device=device,

@@ -139,6 +139,7 @@ def test_tiny_llama_profile(examples_dir: Path) -> None:
     model = record.model
     assert model.block_stack is not None
     assert (model.block_stack.path, model.block_stack.count) == ("model.layers", 4)
+    assert model.attention == "sdpa"  # the example asks for it; the policy reads it
     assert model.tokens_per_sample == 128 and model.hidden_size == 128
     names = [part.module for part in record.memory.activations_by_module]
     assert {f"model.layers.{i}" for i in range(4)} <= set(names)

@@ -73,6 +73,13 @@ CASES = [
         None,
     ),
     ("global_batch", SLOW_BF16_CPU, {"global_batch": 64}, "keep_global_batch", {"grad_accum": 8}),
+    (
+        "eager_attention_of_a_transformer",
+        {**SLOW_BF16_CPU, "attention": "eager"},
+        {},
+        "sdpa_attention",
+        {"attention": "sdpa"},
+    ),
     ("already_optimal", SLOW_BF16_CPU, {"device_memory": 80 * GB}, None, None),
 ]
 

@@ -31,6 +31,10 @@ class Machine:
         return max(1, self.world_size // self.gpus_per_node)
 
 
+# transformers' attn_implementation values that are plan knobs; others stay "default"
+_ATTENTION = {name: name for name in ("eager", "sdpa", "flash_attention_2")}
+
+
 def baseline_plan(profile: ProfileRecord, machine: Machine) -> Plan:
     """The plan the profile measured, spread over the machine's devices."""
     stack = profile.model.block_stack
@@ -38,6 +42,7 @@ def baseline_plan(profile: ProfileRecord, machine: Machine) -> Plan:
         precision=_PROFILE_PRECISION[profile.config.precision],  # type: ignore[arg-type]
         micro_batch=profile.config.batch_size,
         checkpoint_blocks=stack.count if stack and profile.config.checkpointing else 0,
+        attention=_ATTENTION.get(profile.model.attention or "", "default"),  # type: ignore[arg-type]
         gpus_per_node=machine.gpus_per_node,
         nodes=machine.nodes,
     )

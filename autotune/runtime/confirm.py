@@ -15,10 +15,9 @@ from autotune.plan import Plan
 from autotune.policy._verdict import decide
 from autotune.records import ProfileRecord
 from autotune.runtime.modelfile import ModelFile, load_model_file
-from autotune.runtime.step import StepPrecision, TrainRunner
+from autotune.runtime.step import AUTOCAST, TrainRunner, runner_for_plan
 
 Progress = Callable[[str], None]
-_STEP_PRECISION: dict[str, StepPrecision] = {"fp32": "fp32", "amp_bf16": "bf16", "amp_fp16": "fp16"}
 _IN_PROCESS = {
     "precision",
     "checkpoint_blocks",
@@ -137,7 +136,7 @@ def _try(
     """Measure one proposal and decide; changes that need DeepSpeed are only recorded."""
     common = {"rule": proposal.rule, "change": proposal.change, "plan": proposal.plan}
     outside = sorted(set(proposal.change) - _IN_PROCESS)
-    if outside or proposal.plan.precision not in _STEP_PRECISION:
+    if outside or proposal.plan.precision not in AUTOCAST:
         knobs = ", ".join(outside) or f"precision={proposal.plan.precision}"
         why = f"{knobs} needs DeepSpeed engines: cannot be confirmed in-process (`autotune tune` measures it)"
         return ConfirmStep(
@@ -198,7 +197,10 @@ def measure(
     """
     if steps < 1 or repeats < 1:
         raise AutotuneError("--steps and --repeats must be at least 1")
-    arms = (_runner(model_file, before, device), _runner(model_file, after, device))
+    arms = (
+        runner_for_plan(model_file, before, device=device),
+        runner_for_plan(model_file, after, device=device),
+    )
     # Workers fill their prefetch queue while the other arm runs; draining it untimed
     # keeps a loader change from being credited with batches made in the other arm's turn.
     # Both arms settle alike so they keep reading the same batches at the same steps.
@@ -242,31 +244,6 @@ def _block(runner: TrainRunner, steps: int, settle: int) -> tuple[float, list[fl
     timings = [runner.step() for _ in range(steps)]
     peak = int(torch.cuda.max_memory_allocated(runner.device)) if cuda else None
     return statistics.fmean(t.total for t in timings), [t.loss for t in timings], peak
-
-
-def _runner(model_file: ModelFile, plan: Plan, device: str) -> TrainRunner:
-    """A runner for the in-process knobs of ``plan``; 0 workers keeps the file's own loader."""
-    runner = TrainRunner(
-        model_file,
-        device=device,
-        precision=_STEP_PRECISION[plan.precision],
-        checkpoint_blocks=plan.checkpoint_blocks,
-        micro_batch=plan.micro_batch,
-        grad_accum=plan.grad_accum,
-        workers=plan.dataloader_workers or None,
-        pin_memory=plan.pin_memory,
-        seed=0,
-    )
-    if plan.attention != "default":
-        setter = getattr(runner.model, "set_attn_implementation", None)
-        if setter is None:
-            raise NotImplementedError(
-                f"attention={plan.attention}: the model has no set_attn_implementation"
-            )
-        setter(plan.attention)
-    if plan.compile:
-        runner.model = torch.compile(runner.model)  # type: ignore[assignment]
-    return runner
 
 
 def _change_text(proposal: Suggestion) -> str:

@@ -382,6 +382,7 @@ def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
         hidden_size=getattr(config, "hidden_size", None),
         num_attention_heads=getattr(config, "num_attention_heads", None),
         num_layers=getattr(config, "num_hidden_layers", None),
+        attention=getattr(config, "_attn_implementation", None),
     )
 
 

@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -15,7 +15,12 @@ from autotune.runtime.blocks import apply_checkpointing
 from autotune.runtime.device import resolve_device, synchronize
 from autotune.runtime.modelfile import ModelFile
 
+if TYPE_CHECKING:
+    from autotune.plan import Plan
+
 StepPrecision = Literal["fp32", "bf16", "fp16"]
+AUTOCAST: dict[str, StepPrecision] = {"fp32": "fp32", "amp_bf16": "bf16", "amp_fp16": "fp16"}
+"""Plan precisions a plain torch step runs (autocast dtype); the others need DeepSpeed."""
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -142,3 +147,40 @@ class TrainRunner:
         close = getattr(self._batches, "close", None)
         if close is not None:
             close()
+
+
+def runner_for_plan(
+    model_file: ModelFile, plan: Plan, *, device: str, seed: int = 0
+) -> TrainRunner:
+    """A runner with every in-process knob of ``plan`` applied.
+
+    Autocast precision, checkpointed blocks, micro-batch and accumulation, DataLoader
+    workers (0 keeps the file's own loader), attention implementation, compile.
+
+    Raises:
+        ValueError: the plan needs DeepSpeed (16-bit weights).
+        NotImplementedError: the model cannot switch to the plan's attention.
+    """
+    if plan.precision not in AUTOCAST:
+        raise ValueError(f"precision={plan.precision} needs DeepSpeed, not a plain torch step")
+    runner = TrainRunner(
+        model_file,
+        device=device,
+        precision=AUTOCAST[plan.precision],
+        checkpoint_blocks=plan.checkpoint_blocks,
+        micro_batch=plan.micro_batch,
+        grad_accum=plan.grad_accum,
+        workers=plan.dataloader_workers or None,
+        pin_memory=plan.pin_memory,
+        seed=seed,
+    )
+    if plan.attention != "default":
+        setter = getattr(runner.model, "set_attn_implementation", None)
+        if setter is None:
+            raise NotImplementedError(
+                f"attention={plan.attention}: the model has no set_attn_implementation"
+            )
+        setter(plan.attention)
+    if plan.compile:
+        runner.model = torch.compile(runner.model)  # type: ignore[assignment]
+    return runner

@@ -19,8 +19,6 @@ import psutil
 from autotune._io import read_record, write_record
 from autotune.search._records import StepSplit, TrialResult, WorkerSpec
 
-_AMP = {"fp32": "fp32", "amp_bf16": "bf16", "amp_fp16": "fp16", "bf16": "fp32", "fp16": "fp32"}
-
 
 class MemoryWatch:
     """Samples this process's RSS in a thread: a guard, and RSS growth as an extra figure.
@@ -129,26 +127,12 @@ class _Steps:
 def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     from autotune.runtime.memory import optimizer_state_tensors
     from autotune.runtime.modelfile import load_model_file
-    from autotune.runtime.step import TrainRunner
+    from autotune.runtime.step import runner_for_plan
 
     plan = spec.plan
     model_file = load_model_file(spec.settings.model_file)
     steps.watch.rebase()
-    runner = TrainRunner(
-        model_file,
-        device=spec.settings.device,
-        precision=_AMP[plan.precision],  # type: ignore[arg-type]
-        checkpoint_blocks=plan.checkpoint_blocks,
-        micro_batch=plan.micro_batch,
-        grad_accum=plan.grad_accum,
-        workers=plan.dataloader_workers or None,  # 0: keep the file's own loader
-        pin_memory=plan.pin_memory,
-        seed=spec.settings.seed,
-    )
-    if plan.compile:
-        import torch
-
-        runner.model = torch.compile(runner.model)  # type: ignore[assignment]
+    runner = runner_for_plan(model_file, plan, device=spec.settings.device, seed=spec.settings.seed)
     timings = []
 
     def step() -> tuple[float, float]:
