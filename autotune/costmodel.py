@@ -290,7 +290,8 @@ class BaselineTime:
     """Measured seconds of one optimizer step of a baseline plan, by phase.
 
     ``block_share`` is the share of the forward's compute spent in the L-block
-    stack; recomputing one checkpointed block costs ``block_share / L`` of a forward.
+    stack; recomputing one checkpointed block costs ``block_share / L`` of a forward
+    plus ``recompute_fixed`` seconds (checkpointing's own per-call overhead).
     ``*_fixed`` are the seconds of a phase per micro-batch that do not grow with
     the micro-batch (per-call overheads), fitted from profiles at two batch sizes;
     0 means the phase is taken as proportional to the micro-batch.
@@ -305,6 +306,7 @@ class BaselineTime:
     checkpoint_blocks: int = 0
     blocks: int = 0
     block_share: float = 0.0
+    recompute_fixed: float = 0.0
     dataloader_fixed: float = 0.0
     forward_fixed: float = 0.0
     backward_fixed: float = 0.0
@@ -347,6 +349,7 @@ def step_seconds(
     share = base.block_share / base.blocks if base.blocks else 0.0
     k0 = min(base.checkpoint_blocks, base.blocks)
     k = min(checkpoint_blocks, base.blocks)
-    pure_backward = max(backward - k0 * share * forward, 0.0)
-    micro = data + forward + pure_backward + k * share * forward
+    recompute = share * forward + base.recompute_fixed  # seconds per checkpointed block
+    pure_backward = max(backward - k0 * recompute, 0.0)
+    micro = data + forward + pure_backward + k * recompute
     return grad_accum * micro + base.optimizer * optimizer_scale + extra_seconds

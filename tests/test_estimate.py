@@ -306,6 +306,21 @@ def test_profile_with_checkpointing_measures_the_recompute_cost() -> None:
     assert half == pytest.approx(1.12)
 
 
+def test_checkpoint_overhead_beyond_the_recomputed_forward_is_fixed_per_block() -> None:
+    base = make_profile(batch=4)  # blocks hold ~0.8 of the forward: ~0.06 s a block at batch 4
+    ckpt = _with_time(make_profile(batch=4, checkpointing=True), forward=0.3, backward=0.95)
+    facts = fit_step_time(facts_from_profile(base), ckpt)
+    assert facts.baseline is not None
+    # 0.1 s a block measured: 0.06 s recompute (grows with the batch) + 0.04 s fixed
+    assert facts.baseline.recompute_share == pytest.approx(0.2, rel=0.01)
+    assert facts.baseline.recompute_fixed == pytest.approx(0.04, rel=0.01)
+    same = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=L)).predicted_step_time_ratio
+    assert same == pytest.approx(1.4)  # the checkpointed profile itself
+    half = estimate_plan(facts, Plan(micro_batch=2, checkpoint_blocks=L)).predicted_step_time_ratio
+    # data 0.025 + forward 0.15 + backward 0.275 + 4 x (0.2 x 0.15 + 0.04) + optimizer 0.1
+    assert half == pytest.approx(0.83, rel=0.01)
+
+
 @pytest.mark.parametrize(
     "other",
     [
