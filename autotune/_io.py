@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -56,14 +56,8 @@ def write_record(path: str | os.PathLike[str], record: BaseModel) -> Path:
     return atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
 
 
-def read_record(path: str | os.PathLike[str], model: type[RecordT], what: str) -> RecordT:
-    """Load and validate a JSON record, turning every failure into one line.
-
-    Args:
-        path: the file to read.
-        model: the pydantic model the file must match.
-        what: a short name for the record in messages (e.g. "profile").
-    """
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """Parse a JSON file, turning every failure into one line naming the file."""
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
@@ -72,9 +66,13 @@ def read_record(path: str | os.PathLike[str], model: type[RecordT], what: str) -
     except OSError as exc:
         raise AutotuneError(f"{source}: cannot read {what}: {exc.strerror}") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise AutotuneError(f"{source}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def validate_record(data: Any, model: type[RecordT], source: object, what: str) -> RecordT:
+    """Validate parsed JSON as ``model``; the first error names the source and the field."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -83,3 +81,14 @@ def read_record(path: str | os.PathLike[str], model: type[RecordT], what: str) -
         raise AutotuneError(
             f"{source}: not a valid {what}: field {field}: {first['msg']}"
         ) from None
+
+
+def read_record(path: str | os.PathLike[str], model: type[RecordT], what: str) -> RecordT:
+    """Load and validate a JSON record, turning every failure into one line.
+
+    Args:
+        path: the file to read.
+        model: the pydantic model the file must match.
+        what: a short name for the record in messages (e.g. "profile").
+    """
+    return validate_record(read_json(path, what), model, Path(path), what)

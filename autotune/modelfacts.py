@@ -11,11 +11,10 @@ from pydantic import Field
 
 from autotune import costmodel as cm
 from autotune._record import Record as _Record
-from autotune.plan import Plan, Precision
+from autotune.plan import AUTOCAST_PLAN_PRECISION, Plan
 from autotune.records import AtPeak, ProfileRecord
 
 Source = Literal["measured", "traced", "formula"]
-_PROFILE_TO_PLAN: dict[str, Precision] = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
 
 
 class ActivationSpec(_Record):
@@ -131,7 +130,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             source="measured",
         )
     layers = model.block_stack.count if model.block_stack else 0
-    precision = _PROFILE_TO_PLAN[profile.config.precision]
+    precision = AUTOCAST_PLAN_PRECISION[profile.config.precision]
     plan = Plan.model_validate(
         {
             "precision": precision,
@@ -237,7 +236,7 @@ def fit_step_time(facts: ModelFacts, other: ProfileRecord) -> ModelFacts:
     if base is None:
         raise ValueError("no baseline to refine")
     cfg, time = other.config, other.time
-    if _PROFILE_TO_PLAN[cfg.precision] != base.plan.precision:
+    if AUTOCAST_PLAN_PRECISION[cfg.precision] != base.plan.precision:
         raise ValueError("the second profile has another precision")
     b0, b1 = base.plan.micro_batch, cfg.batch_size
     k0, k1 = base.plan.checkpoint_blocks, facts.num_layers if cfg.checkpointing else 0

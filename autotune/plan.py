@@ -13,6 +13,13 @@ Precision = Literal["fp32", "amp_bf16", "amp_fp16", "bf16", "fp16"]
 """``fp32``; ``amp_*``: torch autocast with fp32 parameters; ``bf16``/``fp16``:
 DeepSpeed-style 16-bit weights with an fp32 master copy in the optimizer."""
 
+AUTOCAST_PLAN_PRECISION: dict[str, Precision] = {
+    "fp32": "fp32",
+    "bf16": "amp_bf16",
+    "fp16": "amp_fp16",
+}
+"""The plan precision of ``autotune profile --precision`` (autocast dtype, fp32 weights)."""
+
 Offload = Literal["none", "cpu", "nvme"]
 Attention = Literal["default", "eager", "sdpa", "flash_attention_2"]
 

@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -38,6 +39,21 @@ class _LazyConsole:
 
 console = _LazyConsole(stderr=False)
 err_console = _LazyConsole(stderr=True)
+
+
+class PrecisionChoice(StrEnum):
+    """``--precision`` of profile and estimate: fp32, or autocast to a 16-bit type."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Switch(StrEnum):
+    """An off/on option such as ``--checkpointing``."""
+
+    off = "off"
+    on = "on"
 
 
 def debug_enabled() -> bool:

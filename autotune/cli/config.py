@@ -76,8 +76,7 @@ def config(
 
 
 def _load_source(path: Path | None, plan_text: str | None) -> Any:
-    from pydantic import ValidationError
-
+    from autotune._io import read_json, validate_record
     from autotune._recommend import Recommendation
     from autotune.plan import parse_plan
 
@@ -86,32 +85,16 @@ def _load_source(path: Path | None, plan_text: str | None) -> Any:
     if plan_text is not None:
         return Recommendation(source="plan", plan=parse_plan(plan_text))
     assert path is not None
-    data = _load_json(path, "recommendation")
+    data = read_json(path, "recommendation")
     if isinstance(data, dict) and isinstance(data.get("recommendation"), dict):
         data = data["recommendation"]  # a tune record: its recommendation is what counts
-    try:
-        return Recommendation.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise AutotuneError(
-            f"{path}: not a valid recommendation: field {field}: {first['msg']}"
-        ) from None
-
-
-def _load_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AutotuneError(f"{path}: no such {what} file") from None
-    except OSError as exc:
-        raise AutotuneError(f"{path}: cannot read {what}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise AutotuneError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    return validate_record(data, Recommendation, path, "recommendation")
 
 
 def _load_base(path: Path) -> dict[str, Any]:
-    data = _load_json(path, "DeepSpeed config")
+    from autotune._io import read_json
+
+    data = read_json(path, "DeepSpeed config")
     if not isinstance(data, dict):
         raise AutotuneError(
             f"{path}: a DeepSpeed config must be a JSON object, not {type(data).__name__}"

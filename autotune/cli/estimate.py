@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from autotune._errors import AutotuneError
-from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.cli._common import (
+    PrecisionChoice,
+    Switch,
+    console,
+    err_console,
+    print_json,
+    user_errors,
+)
 from autotune.units import format_bytes, format_count, parse_bytes, parse_count
 
 if TYPE_CHECKING:
@@ -18,19 +24,6 @@ if TYPE_CHECKING:
     from autotune._estimate import EstimateRecord, ModelFacts
     from autotune.plan import Plan
     from autotune.records import ProfileRecord
-
-_PLAN_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
-
-
-class _Precision(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class _Switch(StrEnum):
-    off = "off"
-    on = "on"
 
 
 def estimate_command(
@@ -52,8 +45,10 @@ def estimate_command(
         help="A profile record: measured figures. Repeat with profiles that differ in batch "
         "size or checkpointing only, to fit fixed vs per-sample time and the recompute cost.",
     ),
-    precision: _Precision | None = typer.Option(None, "--precision", help="As autotune profile."),
-    checkpointing: _Switch | None = typer.Option(
+    precision: PrecisionChoice | None = typer.Option(
+        None, "--precision", help="As autotune profile."
+    ),
+    checkpointing: Switch | None = typer.Option(
         None, "--checkpointing", help="As autotune profile."
     ),
     world_size: int | None = typer.Option(None, "--world-size", min=1, help="Devices on one node."),
@@ -134,29 +129,29 @@ def register(app: typer.Typer) -> None:
 
 def _base_plan(
     batch_size: int | None,
-    precision: _Precision | None,
-    checkpointing: _Switch | None,
+    precision: PrecisionChoice | None,
+    checkpointing: Switch | None,
     profile: Path | None,
 ) -> tuple[Plan, bool]:
     """The plan ``autotune profile`` runs with these options (the profile's own with --profile),
     and whether every block is checkpointed (L is known only once the model is).
     """
-    from autotune.plan import Plan
+    from autotune.plan import AUTOCAST_PLAN_PRECISION, Plan
 
     values: dict[str, object] = {"precision": "fp32", "micro_batch": 1}
     ckpt_all = False
     if profile is not None:
         cfg = _read_profile(profile).config
-        values.update(precision=_PLAN_PRECISION[cfg.precision], micro_batch=cfg.batch_size)
+        values.update(precision=AUTOCAST_PLAN_PRECISION[cfg.precision], micro_batch=cfg.batch_size)
         ckpt_all = cfg.checkpointing
     elif batch_size is None:
         raise AutotuneError("--batch-size: required (or give --profile)")
     if batch_size is not None:
         values["micro_batch"] = batch_size
     if precision is not None:
-        values["precision"] = _PLAN_PRECISION[precision.value]
+        values["precision"] = AUTOCAST_PLAN_PRECISION[precision.value]
     if checkpointing is not None:
-        ckpt_all = checkpointing is _Switch.on
+        ckpt_all = checkpointing is Switch.on
     return Plan.model_validate(values), ckpt_all
 
 

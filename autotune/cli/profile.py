@@ -3,31 +3,26 @@
 from __future__ import annotations
 
 import shlex
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from autotune._errors import AutotuneError
-from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.cli._common import (
+    PrecisionChoice,
+    Switch,
+    console,
+    err_console,
+    print_json,
+    user_errors,
+)
 from autotune.units import format_bytes, format_count
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from autotune.records import ProfileRecord
-
-
-class _Precision(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class _Switch(StrEnum):
-    off = "off"
-    on = "on"
 
 
 def profile_command(
@@ -38,11 +33,11 @@ def profile_command(
     steps: int = typer.Option(20, "--steps", min=1, help="Timed steps (medians reported)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Steps run first and dropped."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    precision: _Precision = typer.Option(
-        _Precision.fp32, "--precision", help="fp32, or autocast bf16/fp16 with fp32 weights."
+    precision: PrecisionChoice = typer.Option(
+        PrecisionChoice.fp32, "--precision", help="fp32, or autocast bf16/fp16 with fp32 weights."
     ),
-    checkpointing: _Switch = typer.Option(
-        _Switch.off, "--checkpointing", help="Checkpoint every block of the block stack."
+    checkpointing: Switch = typer.Option(
+        Switch.off, "--checkpointing", help="Checkpoint every block of the block stack."
     ),
     out: Path = typer.Option(
         Path("autotune-profile.json"), "--out", "-o", help="Where the JSON record is written."
@@ -72,7 +67,7 @@ def profile_command(
                 warmup=warmup,
                 device=device,
                 precision=precision.value,
-                checkpointing=checkpointing is _Switch.on,
+                checkpointing=checkpointing is Switch.on,
                 progress=progress,
                 command=command,
             )

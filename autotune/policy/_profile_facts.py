@@ -6,12 +6,11 @@ import re
 from dataclasses import dataclass
 
 from autotune._estimate import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
-from autotune.plan import Plan
+from autotune.plan import AUTOCAST_PLAN_PRECISION, Plan
 from autotune.policy._facts import Facts, Source
 from autotune.records import ProfileRecord
 
 _TRANSFORMER_BLOCK = re.compile(r"Decoder|Encoder|Transformer|Attention|GPT|Bert|Llama", re.I)
-_PROFILE_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ def baseline_plan(profile: ProfileRecord, machine: Machine) -> Plan:
     """The plan the profile measured, spread over the machine's devices."""
     stack = profile.model.block_stack
     return Plan(
-        precision=_PROFILE_PRECISION[profile.config.precision],  # type: ignore[arg-type]
+        precision=AUTOCAST_PLAN_PRECISION[profile.config.precision],
         micro_batch=profile.config.batch_size,
         checkpoint_blocks=stack.count if stack and profile.config.checkpointing else 0,
         attention=_ATTENTION.get(profile.model.attention or "", "default"),  # type: ignore[arg-type]

@@ -6,11 +6,12 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
 from autotune._errors import AutotuneError
+from autotune.plan import AUTOCAST_PLAN_PRECISION
 from autotune.runtime.blocks import apply_checkpointing
 from autotune.runtime.device import resolve_device, synchronize
 from autotune.runtime.modelfile import ModelFile
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
     from autotune.plan import Plan
 
 StepPrecision = Literal["fp32", "bf16", "fp16"]
-AUTOCAST: dict[str, StepPrecision] = {"fp32": "fp32", "amp_bf16": "bf16", "amp_fp16": "fp16"}
+AUTOCAST: dict[str, StepPrecision] = {
+    plan: cast(StepPrecision, dtype) for dtype, plan in AUTOCAST_PLAN_PRECISION.items()
+}
 """Plan precisions a plain torch step runs (autocast dtype); the others need DeepSpeed."""
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
