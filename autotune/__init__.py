@@ -12,22 +12,22 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute)
 _EXPORTS = {
-    "AutotuneError": ("autotune._errors", "AutotuneError"),
-    "Plan": ("autotune.plan", "Plan"),
-    "parse_plan": ("autotune.plan", "parse_plan"),
+    "AutotuneError": ("autotune.records", "AutotuneError"),
+    "Plan": ("autotune.records", "Plan"),
+    "parse_plan": ("autotune.records", "parse_plan"),
     "ProfileRecord": ("autotune.records", "ProfileRecord"),
+    "Recommendation": ("autotune.records", "Recommendation"),
+    "ModelFacts": ("autotune.estimator", "ModelFacts"),
+    "facts_from_profile": ("autotune.estimator", "facts_from_profile"),
+    "estimate": ("autotune.estimator", "estimate"),
+    "estimate_plan": ("autotune.estimator", "estimate_plan"),
+    "suggest": ("autotune.policy", "suggest"),
+    "policy_plan": ("autotune.policy", "policy_plan"),
+    "code_changes_for": ("autotune.emit", "code_changes_for"),
     "profile": ("autotune.runtime.profiler", "profile"),
-    "ModelFacts": ("autotune._estimate", "ModelFacts"),
-    "facts_from_profile": ("autotune._estimate", "facts_from_profile"),
-    "estimate": ("autotune._estimate", "estimate"),
-    "estimate_plan": ("autotune._estimate", "estimate_plan"),
-    "suggest": ("autotune._suggest", "suggest"),
-    "policy_plan": ("autotune._suggest", "policy_plan"),
-    "deepspeed_config": ("autotune.dsconfig", "deepspeed_config"),
-    "recommend": ("autotune._recommend", "recommend"),
-    "Recommendation": ("autotune._recommend", "Recommendation"),
-    "code_changes_for": ("autotune._recommend", "code_changes_for"),
-    "tune": ("autotune.search._prepare", "tune_model"),
+    "deepspeed_config": ("autotune.api", "deepspeed_config"),
+    "recommend": ("autotune.api", "recommend"),
+    "tune": ("autotune.api", "tune_model"),
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

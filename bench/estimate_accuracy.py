@@ -27,8 +27,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from typing import Any  # noqa: E402
 
-from autotune._estimate import estimate_plan, facts_from_profile, fit_step_time  # noqa: E402
-from autotune.plan import Plan  # noqa: E402
+from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
+from autotune.records import Plan
 from autotune.runtime.modelfile import load_model_file  # noqa: E402
 from autotune.runtime.profiler import profile  # noqa: E402
 from autotune.runtime.step import TrainRunner  # noqa: E402

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from autotune.api import load_profile, make_predict
 from autotune.search import SubprocessRunner, TrialSettings, classify_outcome, make_space, tune
-from autotune.search._prepare import load_profile, make_predict
 
 
 def _measure(runner, plan, settings) -> float | None:

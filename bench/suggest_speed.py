@@ -21,9 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _profiles import synthetic_profile  # noqa: E402
 
-from autotune._io import read_record, write_record  # noqa: E402
-from autotune._suggest import suggest  # noqa: E402
-from autotune.records import ProfileRecord  # noqa: E402
+from autotune.policy import suggest
+from autotune.records import ProfileRecord, read_record, write_record
 
 CASES = {
     "input_bound_gpu": ({"dataloader": 0.5}, []),

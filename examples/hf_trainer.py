@@ -18,7 +18,7 @@ from tiny_llama import SEQ_LEN, VOCAB, build_model
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autotune import deepspeed_config, parse_plan
-from autotune._recommend import code_changes_for, hf_training_arguments
+from autotune.emit import code_changes_for, hf_training_arguments
 
 
 class Synthetic(torch.utils.data.Dataset):

@@ -238,3 +238,56 @@ def synthetic_profile(
             command="autotune profile synthetic.py",
         ),
     )
+
+
+HAND_P = 1_000_000
+"""Parameters of :func:`hand_profile`'s model."""
+HAND_L = 4
+
+
+def hand_profile(
+    *, batch: int = 4, checkpointing: bool = False, at_peak: AtPeak | None = None, fit: bool = True
+) -> ProfileRecord:
+    """A profile as the profiler writes it, with figures chosen by hand."""
+    peak_parts = at_peak or AtPeak(
+        parameters=4 * HAND_P,
+        buffers=128,
+        optimizer_states=8 * HAND_P,
+        activations=4_000_000,
+        temporaries=400_000,
+    )
+    fitted = activation_fit(
+        fixed=8_000, per_sample=998_000.0, block=200_000.0, block_input=10_000.0
+    )
+    return profile_record(
+        model=model_info(
+            HAND_P,
+            HAND_L,
+            class_name="Synthetic",
+            block_path="layers",
+            block_class="Block",
+            embedding_parameters=100_000,
+            largest_layer_parameters=200_000,
+        ),
+        batch_size=batch,
+        checkpointing=checkpointing,
+        steps=5,
+        warmup=1,
+        activations=4_000_000,
+        buffers=128,
+        fit=fitted if fit else None,
+        at_peak=peak_parts,
+        fits_judged_on="memory.peak",
+        step=1.0,
+        dataloader=0.05,
+        phases=(0.3, 0.55, 0.1),
+        spread=(0.9, 0.95, 1.0, 1.05, 1.2),
+        samples_per_s=4.0,
+        tokens_per_s=512.0,
+        compute=Compute(flops_per_step=1e9),
+        device_name="test cpu",
+        torch_version="x",
+        provenance=provenance(
+            model_file="m.py", created_at="now", model_sha256="0", autotune_version="0"
+        ),
+    )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from autotune._errors import AutotuneError
+from autotune.records import AutotuneError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

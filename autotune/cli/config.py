@@ -9,8 +9,8 @@ from typing import Any
 
 import typer
 
-from autotune._errors import AutotuneError
 from autotune.cli._common import console, err_console, user_errors
+from autotune.records import AutotuneError
 
 FRAMEWORKS = ("torch", "deepspeed", "hf_trainer", "accelerate")
 
@@ -49,9 +49,9 @@ def config(
 ) -> None:
     """Write a ready DeepSpeed config, checked by DeepSpeed itself when it is installed."""
     with user_errors():
-        from autotune._io import atomic_write_text
-        from autotune._recommend import code_changes_for
-        from autotune.dsconfig import deepspeed_config
+        from autotune.api import deepspeed_config
+        from autotune.emit import code_changes_for
+        from autotune.records import atomic_write_text
 
         if framework not in FRAMEWORKS:
             raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
@@ -76,9 +76,7 @@ def config(
 
 
 def _load_source(path: Path | None, plan_text: str | None) -> Any:
-    from autotune._io import read_json, validate_record
-    from autotune._recommend import Recommendation
-    from autotune.plan import parse_plan
+    from autotune.records import Recommendation, parse_plan, read_json, validate_record
 
     if (path is None) == (plan_text is None):
         raise AutotuneError("give a RECOMMENDATION.json or --plan KNOBS (exactly one)")
@@ -92,7 +90,7 @@ def _load_source(path: Path | None, plan_text: str | None) -> Any:
 
 
 def _load_base(path: Path) -> dict[str, Any]:
-    from autotune._io import read_json
+    from autotune.records import read_json
 
     data = read_json(path, "DeepSpeed config")
     if not isinstance(data, dict):
@@ -103,8 +101,7 @@ def _load_base(path: Path) -> dict[str, Any]:
 
 
 def _capabilities(path: Path) -> Any:
-    from autotune._io import read_record
-    from autotune.records import ProfileRecord
+    from autotune.records import ProfileRecord, read_record
 
     return read_record(path, ProfileRecord, "profile").environment.capabilities
 

@@ -46,11 +46,14 @@ def confirm_command(
 ) -> None:
     """Profile a baseline, then keep each proposed change only if measured faster (or needed to fit)."""
     with user_errors():
-        from autotune._errors import AutotuneError
-        from autotune._io import read_record, write_record
-        from autotune.records import ProfileRecord
-        from autotune.runtime.confirm import confirm
-        from autotune.units import parse_bytes
+        from autotune.api import confirm
+        from autotune.records import (
+            AutotuneError,
+            ProfileRecord,
+            parse_bytes,
+            read_record,
+            write_record,
+        )
 
         if not 0 < loss_tolerance < 1:
             raise AutotuneError(f"--loss-tolerance: {loss_tolerance} must be between 0 and 1")
@@ -79,7 +82,7 @@ def confirm_command(
 
 def render(record: object) -> None:
     """The session, one block per change: proposed, predicted, measured, kept or rejected."""
-    from autotune._suggest import ConfirmRecord
+    from autotune.confirm import ConfirmRecord
 
     assert isinstance(record, ConfirmRecord)
     console.print(f"baseline: {record.baseline.describe()}", soft_wrap=True)

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autotune._errors import AutotuneError
 from autotune.cli._common import (
     PrecisionChoice,
     Switch,
@@ -16,14 +15,13 @@ from autotune.cli._common import (
     print_json,
     user_errors,
 )
-from autotune.units import format_bytes, format_count, parse_bytes, parse_count
+from autotune.records import AutotuneError, format_bytes, format_count, parse_bytes, parse_count
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from autotune._estimate import EstimateRecord, ModelFacts
-    from autotune.plan import Plan
-    from autotune.records import ProfileRecord
+    from autotune.estimator import EstimateRecord, ModelFacts
+    from autotune.records import Plan, ProfileRecord
 
 
 def estimate_command(
@@ -99,7 +97,7 @@ def estimate_command(
         )
         if ckpt_all:
             base = base.with_changes(checkpoint_blocks=facts.num_layers)
-        from autotune._estimate import estimate
+        from autotune.estimator import estimate
 
         record = estimate(
             facts,
@@ -136,7 +134,7 @@ def _base_plan(
     """The plan ``autotune profile`` runs with these options (the profile's own with --profile),
     and whether every block is checkpointed (L is known only once the model is).
     """
-    from autotune.plan import AUTOCAST_PLAN_PRECISION, Plan
+    from autotune.records import AUTOCAST_PLAN_PRECISION, Plan
 
     values: dict[str, object] = {"precision": "fp32", "micro_batch": 1}
     ckpt_all = False
@@ -164,15 +162,14 @@ def _with_devices(
 
 
 def _read_profile(path: Path) -> ProfileRecord:
-    from autotune._io import read_record
-    from autotune.records import ProfileRecord
+    from autotune.records import ProfileRecord, read_record
 
     return read_record(path, ProfileRecord, "profile")
 
 
 def _needed_precisions(base: Plan, plans: list[str], all_plans: bool) -> tuple[str, ...]:
     """Precisions whose activations must be traced: the base plan's, each --plan's, the grid's."""
-    from autotune.plan import parse_plan
+    from autotune.records import parse_plan
 
     needed = {base.precision}
     for text in plans:
@@ -233,7 +230,7 @@ def _facts(
 
 def _measured_facts(profiles: list[Path]) -> ModelFacts:
     """The first profile's figures, its step time refined by the others."""
-    from autotune._estimate import facts_from_profile, fit_step_time
+    from autotune.estimator import facts_from_profile, fit_step_time
 
     facts = facts_from_profile(_read_profile(profiles[0]))
     for path in profiles[1:]:
@@ -245,8 +242,8 @@ def _measured_facts(profiles: list[Path]) -> ModelFacts:
 
 
 def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> list[Plan]:
-    from autotune._estimate import plan_grid
-    from autotune.plan import parse_plan
+    from autotune.estimator import plan_grid
+    from autotune.records import parse_plan
 
     if all_plans and plans:
         raise AutotuneError("--plan and --all-plans: give one of them")
@@ -259,7 +256,7 @@ def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> 
 
 def _claim(text: str, base: Plan) -> tuple[Plan, int]:
     """``stage=3,world_size=8,memory=3GB`` into a plan and the claimed bytes per device."""
-    from autotune.plan import parse_plan
+    from autotune.records import parse_plan
 
     knobs, memory = [], None
     for item in filter(None, (part.strip() for part in text.split(","))):

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autotune._errors import AutotuneError
 from autotune.cli._common import (
     PrecisionChoice,
     Switch,
@@ -17,7 +16,7 @@ from autotune.cli._common import (
     print_json,
     user_errors,
 )
-from autotune.units import format_bytes, format_count
+from autotune.records import AutotuneError, format_bytes, format_count
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -71,7 +70,7 @@ def profile_command(
                 progress=progress,
                 command=command,
             )
-        from autotune._io import write_record
+        from autotune.records import write_record
 
         write_record(out, record)
         if as_json:

@@ -38,8 +38,8 @@ def report(
 ) -> None:
     """Write an HTML report: memory breakdown, activations, step split, trials, importances."""
     with user_errors():
+        from autotune.records import parse_bytes
         from autotune.report import build_report, load_inputs, write_report
-        from autotune.units import parse_bytes
 
         budget = parse_bytes(device_memory, "--device-memory") if device_memory else None
         inputs = load_inputs(

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from autotune.cli._common import console, print_json, user_errors
-from autotune.units import format_bytes, parse_bytes
+from autotune.records import format_bytes, parse_bytes
 
 
 def register(app: typer.Typer) -> None:
@@ -43,9 +43,8 @@ def suggest_command(
 ) -> None:
     """Propose the next change, then the rest of the ordered plan, from a saved profile."""
     with user_errors():
-        from autotune._io import read_record
-        from autotune._suggest import suggest
-        from autotune.records import ProfileRecord
+        from autotune.policy import suggest
+        from autotune.records import ProfileRecord, read_record
 
         record = suggest(
             read_record(profile, ProfileRecord, "profile"),
@@ -65,7 +64,7 @@ def suggest_command(
 
 def render(record: object) -> None:
     """Print the next change first, then the rest of the ordered plan, one block each."""
-    from autotune._suggest import SuggestRecord
+    from autotune.policy import SuggestRecord
 
     assert isinstance(record, SuggestRecord)
     console.print(f"baseline plan: {record.baseline.describe()}", soft_wrap=True)
@@ -91,7 +90,7 @@ def render(record: object) -> None:
 
 
 def _predicted(pred: object) -> str:
-    from autotune._suggest import Predicted
+    from autotune.policy import Predicted
 
     assert isinstance(pred, Predicted)
     memory = f"peak {format_bytes(pred.peak_bytes_before)} -> {format_bytes(pred.peak_bytes_after)}"

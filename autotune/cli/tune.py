@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from autotune.cli._common import console, err_console, print_json, user_errors
-from autotune.units import format_bytes, parse_bytes
+from autotune.records import format_bytes, parse_bytes
 
 
 def register(app: typer.Typer) -> None:
@@ -40,8 +39,8 @@ def tune_command(
 ) -> None:  # fmt: skip
     """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest."""
     with user_errors():
-        from autotune._errors import AutotuneError
-        from autotune.search._prepare import tune_model
+        from autotune.api import tune_model
+        from autotune.records import AutotuneError
 
         if not out_dir.is_dir():
             raise AutotuneError(f"--out-dir {out_dir}: no such directory")
@@ -67,7 +66,7 @@ def tune_command(
 
 def _baseline(text: str, per_rank: int, nproc: int) -> Any:
     """The user's plan; given only a micro-batch, accumulation keeps the global batch."""
-    from autotune.plan import Plan, parse_plan
+    from autotune.records import Plan, parse_plan
 
     plan = parse_plan(text, Plan(micro_batch=per_rank, gpus_per_node=nproc), "--baseline")
     if "ga=" not in text and "grad_accum" not in text and per_rank % plan.micro_batch == 0:
@@ -76,17 +75,12 @@ def _baseline(text: str, per_rank: int, nproc: int) -> Any:
 
 
 def _write_outputs(record: Any, out_dir: Path, nproc: int) -> list[Path]:
-    from autotune._io import atomic_write_text, write_record
+    from autotune.records import atomic_write_text, write_record
 
     rec = record.recommendation
     if rec is None:
         return []
-    import torch
-
-    if not torch.cuda.is_available():
-        # Else DeepSpeed's config check prints an accelerator warning on our stdout.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from autotune.dsconfig import deepspeed_config
+    from autotune.api import deepspeed_config
 
     config = deepspeed_config(rec, world_size=nproc)
     return [

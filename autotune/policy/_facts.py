@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from autotune._record import Record
-from autotune.plan import Plan
+from autotune.records import Plan, Record
 
 Source = Literal["measured", "formula", "traced", "given", "plan"]
 """Where a fact's value came from: the profile, the estimate, an option, or the current plan."""

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import tomllib
 from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
-import autotune
-from autotune._errors import AutotuneError
 from autotune.policy._actions import ACTIONS, action_params
 from autotune.policy._conditions import Clause, ClauseError, parse_clause
 from autotune.policy._facts import Facts
+from autotune.records import AutotuneError
 
 _RULE_KEYS = {"id", "order", "all", "any", "action", "params", "reason"}
 _TOP_KEYS = {"rule", "extends", "disable", "description"}
@@ -51,9 +52,12 @@ class Policy:
     rules: tuple[Rule, ...]
 
 
-def default_policy_path() -> Path:
-    """The shipped ``policies/default.toml`` (next to the package; installed editable)."""
-    return Path(autotune.__file__).resolve().parents[1] / "policies" / "default.toml"
+def default_policy_path() -> Traversable:
+    """The shipped default policy, ``autotune/policy/default.toml``, read as package data.
+
+    ``importlib.resources`` finds it in any install (editable, wheel or zip).
+    """
+    return importlib.resources.files("autotune.policy").joinpath("default.toml")
 
 
 def load_policy(path: str | Path | None = None) -> Policy:
@@ -66,7 +70,7 @@ def load_policy(path: str | Path | None = None) -> Policy:
     Raises:
         AutotuneError: naming the file, the rule id and the field at fault.
     """
-    source = Path(path) if path is not None else default_policy_path()
+    source: Path | Traversable = Path(path) if path is not None else default_policy_path()
     data = _read_toml(source)
     unknown = set(data) - _TOP_KEYS
     if unknown:
@@ -87,7 +91,7 @@ def load_policy(path: str | Path | None = None) -> Policy:
     return Policy(str(source), ordered)
 
 
-def _read_toml(source: Path) -> dict[str, object]:
+def _read_toml(source: Path | Traversable) -> dict[str, object]:
     try:
         with source.open("rb") as handle:
             return tomllib.load(handle)
@@ -99,7 +103,7 @@ def _read_toml(source: Path) -> dict[str, object]:
         raise AutotuneError(f"{source}: not valid TOML: {exc}") from None
 
 
-def _disabled(source: Path, raw: object, base: dict[str, Rule]) -> list[str]:
+def _disabled(source: Path | Traversable, raw: object, base: dict[str, Rule]) -> list[str]:
     if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
         raise AutotuneError(f"{source}: field disable: must be a list of rule ids")
     for rule_id in raw:
@@ -108,7 +112,7 @@ def _disabled(source: Path, raw: object, base: dict[str, Rule]) -> list[str]:
     return list(raw)
 
 
-def _parse_rules(source: Path, raw: object) -> list[Rule]:
+def _parse_rules(source: Path | Traversable, raw: object) -> list[Rule]:
     if not isinstance(raw, list):
         raise AutotuneError(f"{source}: field rule: write rules as [[rule]] tables")
     rules: list[Rule] = []
@@ -129,7 +133,7 @@ class _RuleError(Exception):
         super().__init__(f"field {field}: {message}")
 
 
-def _parse_rule(source: Path, index: int, table: dict[str, object]) -> Rule:
+def _parse_rule(source: Path | Traversable, index: int, table: dict[str, object]) -> Rule:
     rule_id = table.get("id")
     where = f"rule {rule_id!r}" if isinstance(rule_id, str) else f"rule #{index + 1}"
     try:
@@ -181,7 +185,7 @@ def _parse_clauses(table: dict[str, object], key: str) -> tuple[Clause, ...]:
         raise _RuleError(key, str(exc)) from None
 
 
-def _check_conflicts(source: Path, rules: tuple[Rule, ...]) -> None:
+def _check_conflicts(source: Path | Traversable, rules: tuple[Rule, ...]) -> None:
     """Rules tried at the same step must not set the same knob."""
     for position, rule in enumerate(rules):
         for other in rules[position + 1 :]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from autotune._estimate import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
-from autotune.plan import AUTOCAST_PLAN_PRECISION, Plan
+from autotune.estimator import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
 from autotune.policy._facts import Facts, Source
-from autotune.records import ProfileRecord
+from autotune.records import AUTOCAST_PLAN_PRECISION, Plan, ProfileRecord
 
 _TRANSFORMER_BLOCK = re.compile(r"Decoder|Encoder|Transformer|Attention|GPT|Bert|Llama", re.I)
 

@@ -11,17 +11,21 @@ from typing import TYPE_CHECKING
 from matplotlib.figure import Figure
 from pydantic import Field
 
-from autotune._errors import AutotuneError
-from autotune._estimate import ModelFacts, facts_from_profile
-from autotune._io import atomic_write_bytes, atomic_write_text
-from autotune._recommend import Recommendation
-from autotune._record import Record
-from autotune._suggest import ConfirmRecord, SuggestRecord
-from autotune.records import ProfileRecord
+from autotune.confirm import ConfirmRecord
+from autotune.estimator import ModelFacts, facts_from_profile
+from autotune.policy import SuggestRecord
+from autotune.records import (
+    AutotuneError,
+    ProfileRecord,
+    Recommendation,
+    Record,
+    atomic_write_bytes,
+    atomic_write_text,
+    format_bytes,
+)
 from autotune.report import _changes, _collect, _figures, _html
 from autotune.report._data import ReportData, TrialPoint
-from autotune.search._records import TuneRecord
-from autotune.units import format_bytes
+from autotune.search import TuneRecord
 
 if TYPE_CHECKING:
     import optuna

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from autotune._estimate import ModelFacts, estimate_plan
-from autotune._suggest import (
-    ConfirmRecord,
-    ConfirmStep,
-    Measured,
-    Predicted,
-    Suggestion,
-    SuggestRecord,
-)
-from autotune.plan import Plan
+from autotune.confirm import ConfirmRecord, ConfirmStep, Measured
+from autotune.estimator import ModelFacts, estimate_plan
+from autotune.policy import Predicted, Suggestion, SuggestRecord
+from autotune.records import Plan, format_bytes
 from autotune.report._data import MemoryBar, SuggestionRow
-from autotune.units import format_bytes
 
 
 def plan_bar(

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from autotune._recommend import MeasuredPlan, Recommendation
-from autotune.records import ProfileRecord
+from autotune.records import MeasuredPlan, ProfileRecord, Recommendation, format_bytes, format_count
 from autotune.report._data import MemoryBar, Outcome, StepSplit, TrialPoint
-from autotune.search._records import TrialRecord
-from autotune.units import format_bytes, format_count
+from autotune.search import TrialRecord
 
 MAX_BLOCK_ROWS = 64
 """More modules than this make the per-block figure unreadable; the rest are counted in a note."""

@@ -6,8 +6,8 @@ import base64
 import html
 from collections.abc import Iterable, Sequence
 
+from autotune.records import format_bytes
 from autotune.report._data import CATEGORIES, ReportData, TrialPoint, pareto_front
-from autotune.units import format_bytes
 
 SECTIONS = (
     "summary",

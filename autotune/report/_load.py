@@ -5,13 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune._errors import AutotuneError
-from autotune._io import RecordT, read_record
-from autotune._recommend import Recommendation
-from autotune._suggest import ConfirmRecord, SuggestRecord
-from autotune.records import ProfileRecord
+from autotune.confirm import ConfirmRecord
+from autotune.policy import SuggestRecord
+from autotune.records import AutotuneError, ProfileRecord, Recommendation, RecordT, read_record
 from autotune.report._build import ReportInputs
-from autotune.search._records import TuneRecord
+from autotune.search import TuneRecord
 
 if TYPE_CHECKING:
     import optuna

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune._errors import AutotuneError
-from autotune.search._records import TrialRecord
-from autotune.search._study import records, storage_url
+from autotune.records import AutotuneError
+from autotune.search import TrialRecord, records, storage_url
 
 if TYPE_CHECKING:
     import optuna

@@ -8,7 +8,7 @@ from typing import Any
 import torch.utils.checkpoint
 from torch import nn
 
-from autotune._errors import AutotuneError
+from autotune.records import AutotuneError
 
 _ORIGINAL = "_autotune_original_forward"
 

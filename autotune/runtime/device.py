@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from autotune._errors import AutotuneError
-from autotune.records import Capabilities, NvmlSample
+from autotune.records import AutotuneError, Capabilities, NvmlSample
 
 # Dense peak FLOP/s per GPU (vendor datasheets, SXM parts; no sparsity), by dtype.
 _GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (

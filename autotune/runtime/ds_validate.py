@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-from autotune._errors import AutotuneError
+from autotune.records import AutotuneError
 
 
 @contextlib.contextmanager
@@ -35,6 +36,11 @@ def deepspeed_version() -> str | None:
     """The installed DeepSpeed's version, or ``None`` when it cannot be imported."""
     try:
         with _stdout_to_stderr():
+            import torch
+
+            if not torch.cuda.is_available():
+                # Else DeepSpeed prints an accelerator warning on import (on our stdout).
+                os.environ.setdefault("DS_ACCELERATOR", "cpu")
             import deepspeed
     except Exception:  # absent or broken (e.g. no torch): both mean "cannot check"
         return None

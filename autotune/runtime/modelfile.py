@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune._errors import AutotuneError
+from autotune.records import AutotuneError
 
 DEFAULT_LR = 1e-4
 _PASS_THROUGH = (torch.OutOfMemoryError, MemoryError)

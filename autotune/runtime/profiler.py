@@ -14,9 +14,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from autotune import __version__
-from autotune._errors import AutotuneError
 from autotune.records import (
     ActivationFit,
+    AutotuneError,
     BlockStack,
     Compute,
     Environment,

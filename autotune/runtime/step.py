@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
-from autotune._errors import AutotuneError
-from autotune.plan import AUTOCAST_PLAN_PRECISION
+from autotune.records import AUTOCAST_PLAN_PRECISION, AutotuneError
 from autotune.runtime.blocks import apply_checkpointing
 from autotune.runtime.device import resolve_device, synchronize
 from autotune.runtime.modelfile import ModelFile
 
 if TYPE_CHECKING:
-    from autotune.plan import Plan
+    from autotune.records import Plan
 
 StepPrecision = Literal["fp32", "bf16", "fp16"]
 AUTOCAST: dict[str, StepPrecision] = {

@@ -21,8 +21,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree
 
-from autotune._errors import AutotuneError
-from autotune.modelfacts import ActivationSpec, ModelFacts
+from autotune.estimator import ActivationSpec, ModelFacts
+from autotune.records import AutotuneError
 from autotune.runtime import blocks
 from autotune.runtime import memory as mem
 from autotune.runtime.blocks import apply_checkpointing, find_block_stack, unique_parameter_count

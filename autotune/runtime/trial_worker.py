@@ -16,8 +16,8 @@ from typing import Any
 
 import psutil
 
-from autotune._io import read_record, write_record
-from autotune.search._records import StepSplit, TrialResult, WorkerSpec
+from autotune.records import read_record, write_record
+from autotune.search import StepSplit, TrialResult, WorkerSpec
 
 
 class MemoryWatch:
@@ -209,7 +209,7 @@ def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     import deepspeed
     import torch
 
-    from autotune.dsconfig import deepspeed_config
+    from autotune.emit import emit_deepspeed_config
     from autotune.runtime.blocks import apply_checkpointing
     from autotune.runtime.device import synchronize
     from autotune.runtime.modelfile import load_model_file
@@ -222,7 +222,8 @@ def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     apply_checkpointing(model, plan.checkpoint_blocks)
     optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
     parameters = sum(p.numel() for p in model.parameters())
-    config = deepspeed_config(plan, world_size=_rank()[1], parameters=parameters)
+    # deepspeed.initialize parses it with DeepSpeed's own config class just below.
+    config = emit_deepspeed_config(plan, world_size=_rank()[1], parameters=parameters).config
     # A torch client optimizer avoids compiling DeepSpeed's own (60-75 s per trial shape).
     config["zero_allow_untested_optimizer"] = True
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)

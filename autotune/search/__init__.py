@@ -1,39 +1,115 @@
-"""The tune search: trial runners, outcome classification, the Optuna study and ``tune()``."""
+"""The search stage: the space, the Optuna study, trial runners (how a trial is launched:
+``_runner.py``), outcome classification, the final comparison and ``tune()``.
+"""
 
+from __future__ import annotations
+
+from autotune.search._compare import (
+    BASELINE,
+    BEST,
+    BOTH,
+    Round,
+    baseline_index,
+    compare,
+    recommendation,
+)
 from autotune.search._outcome import classify_outcome, outcome_reason, over_budget
 from autotune.search._records import (
     Comparison,
+    Outcome,
+    Role,
     RunReport,
+    StepSplit,
     TrialRecord,
     TrialResult,
     TrialSettings,
+    TrialState,
     TuneRecord,
     WorkerSpec,
 )
-from autotune.search._runner import FakeRunner, SubprocessRunner, TrialRunner
-from autotune.search._space import Prediction, SearchSpace, divisors, make_space, oom_lesson
+from autotune.search._runner import (
+    EXTENSIONS_DIR,
+    WORKER_MODULE,
+    Behaviour,
+    FakeRunner,
+    SubprocessRunner,
+    TrialRunner,
+    free_port,
+    kill_group,
+    read_result,
+)
+from autotune.search._space import (
+    Predict,
+    Prediction,
+    SearchSpace,
+    divisors,
+    make_space,
+    oom_lesson,
+    same_but_micro_batch,
+)
+from autotune.search._study import (
+    DEFAULT_STORAGE,
+    ask,
+    distributions,
+    enqueue,
+    open_study,
+    records,
+    recover_stale,
+    storage_url,
+    store,
+    to_record,
+)
 from autotune.search._tune import Progress, best_records, tune
 
 __all__ = [
+    "BASELINE",
+    "BEST",
+    "BOTH",
+    "Behaviour",
     "Comparison",
+    "DEFAULT_STORAGE",
+    "EXTENSIONS_DIR",
     "FakeRunner",
+    "Outcome",
+    "Predict",
     "Prediction",
     "Progress",
+    "Role",
+    "Round",
     "RunReport",
     "SearchSpace",
+    "StepSplit",
     "SubprocessRunner",
     "TrialRecord",
     "TrialResult",
     "TrialRunner",
     "TrialSettings",
+    "TrialState",
     "TuneRecord",
+    "WORKER_MODULE",
     "WorkerSpec",
+    "ask",
+    "baseline_index",
     "best_records",
     "classify_outcome",
+    "compare",
+    "distributions",
     "divisors",
+    "enqueue",
+    "free_port",
+    "kill_group",
     "make_space",
     "oom_lesson",
+    "open_study",
     "outcome_reason",
     "over_budget",
+    "read_result",
+    "recommendation",
+    "records",
+    "recover_stale",
+    "same_but_micro_batch",
+    "storage_url",
+    "store",
+    "to_record",
     "tune",
 ]

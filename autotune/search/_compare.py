@@ -6,8 +6,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from autotune._recommend import MeasuredPlan, Recommendation
-from autotune.plan import Plan
+from autotune.records import MeasuredPlan, Plan, Recommendation
 from autotune.search._outcome import classify_outcome
 from autotune.search._records import Comparison, TrialRecord, TrialSettings
 from autotune.search._runner import TrialRunner

@@ -6,9 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from autotune._recommend import MeasuredPlan, Recommendation
-from autotune._record import Record as _Record
-from autotune.plan import Plan
+from autotune.records import MeasuredPlan, Plan, Recommendation
+from autotune.records import Record as _Record
 
 SCHEMA_VERSION = 1
 

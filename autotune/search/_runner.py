@@ -17,8 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from autotune._io import write_record
-from autotune.plan import Plan
+from autotune.records import Plan, write_record
 from autotune.search._records import RunReport, TrialResult, TrialSettings, WorkerSpec
 
 WORKER_MODULE = "autotune.runtime.trial_worker"

@@ -6,8 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune._errors import AutotuneError
-from autotune.plan import Plan
+from autotune.records import AutotuneError, Plan
 
 
 def divisors(n: int) -> list[int]:

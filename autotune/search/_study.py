@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune._errors import AutotuneError
-from autotune.plan import Plan
+from autotune.records import AutotuneError, Plan
 from autotune.search._records import Role, TrialRecord, TrialState
 from autotune.search._space import SearchSpace
 

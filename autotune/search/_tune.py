@@ -7,8 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune._errors import AutotuneError
-from autotune.plan import Plan
+from autotune.records import AutotuneError, Plan
 from autotune.search import _study
 from autotune.search._compare import compare, recommendation
 from autotune.search._outcome import classify_outcome, outcome_reason

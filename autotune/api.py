@@ -1,0 +1,350 @@
+"""The composer: wires the stages into the one-call API (``tune``, ``recommend``, ``confirm``,
+``deepspeed_config``). The only module that calls both the pure stages and the runtime.
+
+Runtime modules are imported inside the functions, so ``autotune config`` and
+``autotune suggest`` never import torch through here.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.confirm import ConfirmRecord, confirm_changes
+from autotune.emit import Config, code_changes_for, emit_deepspeed_config
+from autotune.estimator import estimate_plan, facts_from_profile
+from autotune.policy import policy_plan
+from autotune.records import (
+    AutotuneError,
+    Capabilities,
+    Plan,
+    ProfileRecord,
+    Recommendation,
+    format_bytes,
+    read_record,
+)
+from autotune.search import (
+    Predict,
+    Prediction,
+    Progress,
+    SubprocessRunner,
+    TrialRunner,
+    TrialSettings,
+    TuneRecord,
+    tune,
+)
+
+GUARD_SHARE = 0.5
+"""Share of the machine's available RAM all ranks of a trial may use together."""
+
+
+def load_profile(
+    model_path: str, profile_path: str | None, per_rank: int, device: str
+) -> ProfileRecord:
+    """The saved profile, or a short fresh one (2 measured steps at micro-batch <= 2)."""
+    if profile_path is not None:
+        return read_record(profile_path, ProfileRecord, "profile")
+    from autotune.runtime.profiler import profile
+
+    return profile(model_path, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
+
+
+def make_predict(profile: ProfileRecord, device_memory: int | None) -> Predict:
+    """The estimate as a ``plan -> Prediction`` function (pure once the facts are read)."""
+    facts = facts_from_profile(profile)
+
+    def predict(plan: Plan) -> Prediction:
+        estimate = estimate_plan(facts, plan, device_memory=device_memory)
+        peak = estimate.memory.peak
+        if estimate.fits is not False:
+            return Prediction(True, peak, estimate.source)
+        reason = f"peak {format_bytes(peak)} > usable part of {format_bytes(device_memory)} ({estimate.source})"
+        return Prediction(False, peak, estimate.source, reason)
+
+    return predict
+
+
+def default_guard(nproc: int) -> int:
+    """RSS per rank above which a trial stops itself, so the machine never meets its OOM killer."""
+    import psutil
+
+    return int(psutil.virtual_memory().available * GUARD_SHARE / nproc)
+
+
+def tune_model(
+    model_path: str,
+    *,
+    global_batch: int,
+    nproc: int = 1,
+    device: str = "auto",
+    device_memory: int | None = None,
+    profile_path: str | None = None,
+    policy_path: str | None = None,
+    baseline: Plan | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    trial_timeout: float = 600.0,
+    runner: TrialRunner | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    **options: Any,
+) -> TuneRecord:
+    """Everything ``autotune tune`` does before and around :func:`tune`.
+
+    Reads or takes a short profile, asks the policy for its plan and the estimate
+    for every plan's fit, then searches with real trials. ``options`` go to
+    :func:`tune` (trials, budget_s, storage, study_name, repeats).
+    """
+    if not Path(model_path).is_file():
+        raise AutotuneError(f"{model_path}: no such model file")
+    if global_batch < 1 or nproc < 1 or global_batch % nproc:
+        raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
+    record = load_profile(model_path, profile_path, global_batch // nproc, device)
+    if device_memory is None and record.environment.device_type == "cuda":
+        device_memory = record.environment.device_memory_bytes
+    policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
+                         global_batch=global_batch, policy_path=policy_path)  # fmt: skip
+    stack = record.model.block_stack
+    settings = TrialSettings(
+        model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
+        device_memory=device_memory, memory_guard=default_guard(nproc), timeout_s=trial_timeout,
+    )  # fmt: skip
+
+    def changes(plan: Plan) -> list[Any]:
+        return code_changes_for(plan, block_stack_path=stack.path if stack else None,
+                                num_blocks=stack.count if stack else None)  # fmt: skip
+
+    tuned = tune(
+        settings.model_file, global_batch=global_batch, settings=settings,
+        runner=runner or SubprocessRunner(), nproc=nproc, blocks=stack.count if stack else 0,
+        policy=policy, baseline=baseline, predict=make_predict(record, device_memory),
+        code_changes=changes, progress=progress, **options,
+    )  # fmt: skip
+    if tuned.recommendation is None:
+        return tuned
+    # The trials sized ZeRO's buckets to the model; the emitted config must do the same.
+    rec = tuned.recommendation.model_copy(update={"parameters": record.model.parameters})
+    return tuned.model_copy(update={"recommendation": rec})
+
+
+def recommend(
+    model_file_or_callables: str | Path | Mapping[str, Callable[..., Any]],
+    *,
+    global_batch: int,
+    world_size: int = 1,
+    device_memory: int | None = None,
+    search: bool = False,
+    device: str = "auto",
+    gpus_per_node: int | None = None,
+    **options: Any,
+) -> Recommendation:
+    """The whole loop from Python: profile, then the policy's plan or a tuning search.
+
+    Args:
+        model_file_or_callables: a model file (``build_model()`` and
+            ``build_batch(batch_size)`` or ``build_dataloader(batch_size)``, optional
+            ``loss_fn`` and ``build_optimizer``, as ``autotune profile`` reads it), or
+            those hooks as a dict of module-level functions.
+        global_batch: samples per optimizer step over all ranks, kept by every plan.
+        world_size: data-parallel ranks the plan is for (with ``search``, trials
+            run this many processes here).
+        device_memory: bytes per device to plan for; ``None`` uses the profiled device's.
+        search: ``False`` profiles once and takes the policy's plan; ``True`` runs
+            real trials (``autotune tune``) and takes the measured best.
+        device: where to profile and run trials (``auto``, ``cpu``, ``cuda``).
+        gpus_per_node: devices per node, when ``world_size`` spans several nodes.
+        **options: passed on to the search when ``search`` is true (``trials``,
+            ``budget_s``, ``steps``, ``storage``, ``runner``, ...).
+
+    Returns:
+        A :class:`Recommendation`; its ``deepspeed_config()`` is the config dict.
+
+    Raises:
+        AutotuneError: bad arguments, a broken model file, or a search in which
+            no trial succeeded.
+    """
+    if global_batch < 1 or world_size < 1 or global_batch % world_size:
+        raise AutotuneError(
+            f"recommend: global_batch {global_batch} must be a positive multiple of world_size {world_size}"
+        )
+    if not isinstance(model_file_or_callables, Mapping):
+        return _recommend(Path(model_file_or_callables), search, global_batch=global_batch,
+                          world_size=world_size, device_memory=device_memory, device=device,
+                          gpus_per_node=gpus_per_node, **options)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="autotune-hooks-") as directory:
+        shim = Path(directory) / "hooks.py"
+        shim.write_text(hooks_model_file(model_file_or_callables), encoding="utf-8")
+        rec = _recommend(shim, search, global_batch=global_batch, world_size=world_size,
+                         device_memory=device_memory, device=device, gpus_per_node=gpus_per_node,
+                         **options)  # fmt: skip
+    names = ", ".join(
+        f"{fn.__module__}.{fn.__qualname__}" for fn in model_file_or_callables.values()
+    )
+    return rec.model_copy(update={"model_file": f"callables: {names}"})
+
+
+HOOKS = ("build_model", "build_batch", "build_dataloader", "loss_fn", "build_optimizer")
+
+
+def hooks_model_file(hooks: Mapping[str, Callable[..., Any]]) -> str:
+    """A model file that imports the given hooks by reference (trials run in child processes).
+
+    Raises:
+        AutotuneError: an unknown hook name, or a function a child process cannot import
+            (a lambda or a function defined inside another function).
+    """
+    lines = ["import importlib.util, sys", f"sys.path[:0] = {sys.path!r}"]
+    for name, fn in hooks.items():
+        qualname = getattr(fn, "__qualname__", "")
+        if name not in HOOKS:
+            raise AutotuneError(f"recommend: unknown hook {name!r} (known: {', '.join(HOOKS)})")
+        if not callable(fn) or not qualname or "<" in qualname or "." in qualname:
+            raise AutotuneError(
+                f"recommend: {name} must be a module-level function (trials import it)"
+            )
+        source = getattr(sys.modules.get(fn.__module__), "__file__", None)
+        if fn.__module__ == "__main__" and source:
+            # Loaded under another name, so the script's `if __name__ == "__main__":` does not rerun.
+            lines += [f"_spec = importlib.util.spec_from_file_location('_autotune_main', {source!r})",
+                      "_main = importlib.util.module_from_spec(_spec)", "_spec.loader.exec_module(_main)",
+                      f"{name} = _main.{qualname}"]  # fmt: skip
+        else:
+            lines.append(f"from {fn.__module__} import {qualname} as {name}")
+    return "\n".join(lines) + "\n"
+
+
+def _recommend(model_file: Path, search: bool, **kwargs: Any) -> Recommendation:
+    if not search:
+        options = {key: kwargs[key] for key in ("global_batch", "world_size", "device_memory",
+                                                "device", "gpus_per_node")}  # fmt: skip
+        return _recommend_by_policy(model_file, **options)
+    kwargs.pop("gpus_per_node")
+    record = tune_model(str(model_file), nproc=kwargs.pop("world_size"), **kwargs)
+    if record.recommendation is None:
+        raise AutotuneError(
+            f"recommend: no trial of {model_file} succeeded, so nothing to recommend"
+        )
+    return record.recommendation
+
+
+def _recommend_by_policy(
+    model_file: str | Path, *, global_batch: int, world_size: int, device_memory: int | None,
+    device: str, gpus_per_node: int | None,
+) -> Recommendation:  # fmt: skip
+    from autotune.runtime.profiler import profile
+
+    # A short profile at a small share of the per-rank batch, as `autotune tune` takes.
+    per_rank = global_batch // world_size
+    record = profile(model_file, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
+    plan = policy_plan(record, device_memory=device_memory, world_size=world_size,
+                       gpus_per_node=gpus_per_node, global_batch=global_batch)  # fmt: skip
+    stack = record.model.block_stack
+    return Recommendation(
+        source="suggest",
+        plan=plan,
+        model_file=str(model_file),
+        code_changes=code_changes_for(
+            plan,
+            block_stack_path=stack.path if stack else None,
+            num_blocks=stack.count if stack else None,
+        ),  # fmt: skip
+        notes=[
+            "from one short profile and the policy's rules; not confirmed by trials (search=True is)"
+        ],
+        capabilities=record.environment.capabilities,
+        parameters=record.model.parameters,
+    )
+
+
+def deepspeed_config(
+    plan_or_recommendation: Plan | Recommendation,
+    *,
+    world_size: int | None = None,
+    base: Config | None = None,
+    hf_auto: bool = False,
+    nvme_path: str | None = None,
+    capabilities: Capabilities | None = None,
+    parameters: int | None = None,
+) -> Config:
+    """A ready DeepSpeed config for a plan, checked by autotune and by DeepSpeed itself.
+
+    Takes the arguments of :func:`autotune.emit.emit_deepspeed_config`; when DeepSpeed is
+    installed its own ``DeepSpeedConfig`` validates the result at ``world_size``.
+
+    Example:
+        >>> from autotune import Plan, deepspeed_config
+        >>> cfg = deepspeed_config(Plan(zero_stage=2, micro_batch=4, grad_accum=2, precision="bf16"),
+        ...                        world_size=8)
+        >>> cfg["train_batch_size"], cfg["zero_optimization"]["stage"], cfg["bf16"]["enabled"]
+        (64, 2, True)
+    """
+    from autotune.runtime.ds_validate import validate_with_deepspeed
+
+    emitted = emit_deepspeed_config(
+        plan_or_recommendation, world_size=world_size, base=base, hf_auto=hf_auto,
+        nvme_path=nvme_path, capabilities=capabilities, parameters=parameters,
+    )  # fmt: skip
+    validate_with_deepspeed(emitted.resolved, world_size=emitted.world_size)
+    return emitted.config
+
+
+def confirm(
+    model_path: str | Path,
+    *,
+    batch_size: int,
+    profile: ProfileRecord | None = None,
+    device: str = "cpu",
+    steps: int = 3,
+    repeats: int = 5,
+    warmup: int = 1,
+    loss_tolerance: float = 0.05,
+    max_changes: int = 8,
+    progress: Callable[[str], None] | None = None,
+    **suggest_options: Any,
+) -> ConfirmRecord:
+    """Profile a baseline, then measure each proposed change against what was kept so far.
+
+    Args:
+        model_path: the user's model file.
+        batch_size: micro-batch of the baseline.
+        profile: a saved baseline profile (default: profile the model now).
+        device: where the steps run (``cpu``, ``cuda``, ``cuda:1``).
+        steps: timed steps per arm in each repeat.
+        repeats: interleaved A/B repeats (the interval comes from their spread).
+        warmup: untimed steps per arm before the first repeat.
+        loss_tolerance: largest relative difference of the mean loss accepted.
+        max_changes: most changes proposed in one session.
+        progress: called with one line per event (the CLI prints them to stderr).
+        **suggest_options: passed to :func:`autotune.policy.suggest` (device_memory, policy_path...).
+    """
+    from autotune.runtime.ab import measure
+    from autotune.runtime.modelfile import load_model_file
+    from autotune.runtime.profiler import profile as run_profile
+
+    if steps < 1 or repeats < 1:
+        raise AutotuneError("--steps and --repeats must be at least 1")
+    say = progress or (lambda line: None)
+    model_file = load_model_file(model_path)
+    if profile is None:
+        say(f"profiling the baseline at batch size {batch_size}")
+        profile = run_profile(
+            model_path, batch_size=batch_size, steps=max(steps, 3), warmup=warmup,
+            device=device, precision="fp32", checkpointing=False,
+        )  # fmt: skip
+    elif profile.config.batch_size != batch_size:
+        raise AutotuneError(
+            f"--batch-size {batch_size} differs from the profile's batch size "
+            f"{profile.config.batch_size}"
+        )
+
+    def measure_pair(before: Plan, after: Plan) -> dict[str, Any]:
+        return measure(model_file, before, after, device=device, steps=steps, repeats=repeats,
+                       warmup=warmup)  # fmt: skip
+
+    return confirm_changes(
+        profile, measure_pair, model_file=str(model_path), device=device, repeats=repeats,
+        steps=steps, loss_tolerance=loss_tolerance, max_changes=max_changes, progress=say,
+        **suggest_options,
+    )  # fmt: skip

@@ -1,0 +1,353 @@
+"""Predict memory and time of any plan from model facts: the records and the estimator.
+
+Pure: no torch. Facts come from a saved profile (:func:`facts_from_profile`) or
+from a trace without allocation (``autotune.runtime.trace``).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from autotune.estimator import _costmodel as cm
+from autotune.estimator import _zero as zero
+from autotune.estimator._claims import ClaimCheck, check_claim, plan_train_days
+from autotune.estimator._modelfacts import (
+    ActivationSpec,
+    Baseline,
+    ModelFacts,
+    Source,
+    activation_spec,
+    block_share,
+    facts_from_profile,
+    fit_step_time,
+)
+from autotune.estimator._peakmodel import predict_peak
+from autotune.records import Plan
+from autotune.records import Record as _Record
+
+__all__ = [
+    "ActivationSpec",
+    "Baseline",
+    "ClaimCheck",
+    "EstimateRecord",
+    "MemoryEstimate",
+    "ModelFacts",
+    "PlanEstimate",
+    "estimate",
+    "estimate_plan",
+    "facts_from_profile",
+    "fit_step_time",
+    "plan_grid",
+]
+
+SCHEMA_VERSION = 1
+
+DEFAULT_MARGIN = 0.10
+MARGIN_NOTE = (
+    "fits = predicted peak <= device memory x (1 - margin); the margin covers what tensors "
+    "do not show: CUDA context, allocator fragmentation, communication buffers"
+)
+
+
+class MemoryEstimate(_Record):
+    """Per-device bytes by category (full sizes) and the predicted peak."""
+
+    parameters: int
+    buffers: int
+    gradients: int
+    optimizer_states: int
+    activations: int = Field(description="at their highest: saved set + one recomputed block")
+    autocast_weight_copies: int
+    temporaries: int
+    peak: int
+    peak_composition: str
+
+
+class PlanEstimate(_Record):
+    """One plan's predicted costs."""
+
+    plan: Plan
+    memory: MemoryEstimate
+    fits: bool | None = Field(description="None: no device memory budget known")
+    headroom_bytes: int | None
+    predicted_step_time_ratio: float | None
+    predicted_step_seconds: float | None = None
+    time_source: Source | None
+    communication_bytes_per_step: int
+    communication_seconds: float | None
+    offload_bytes_per_step: int = 0
+    accounting: cm.Accounting
+    source: Source = Field(description="where the activation figures came from")
+    train_days: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class EstimateRecord(_Record):
+    """What ``autotune estimate`` predicts, for one or many plans."""
+
+    schema_version: int = SCHEMA_VERSION
+    model: str
+    parameters: int
+    trainable_parameters: int
+    num_layers: int
+    seq_len: int | None
+    device_memory_bytes: int | None
+    margin: float
+    margin_note: str = MARGIN_NOTE
+    intra_gbps: float | None = None
+    inter_gbps: float | None = None
+    baseline: Plan | None = Field(
+        default=None, description="the plan step-time ratios are relative to"
+    )
+    train_tokens: int | None = None
+    plans: list[PlanEstimate]
+    check: ClaimCheck | None = None
+
+
+def _baseline_time(facts: ModelFacts, reference: Plan) -> tuple[cm.BaselineTime, Source]:
+    """The measured baseline's phases, or a FLOP-proportioned stand-in (forward 1, backward 2)."""
+    base = facts.baseline
+    layers, share = facts.num_layers, block_share(facts)
+    if base is not None and base.recompute_share is not None:
+        share = base.recompute_share * layers
+    if base is not None:
+        time = cm.BaselineTime(
+            dataloader=base.dataloader,
+            forward=base.forward,
+            backward=base.backward,
+            optimizer=base.optimizer,
+            micro_batch=base.plan.micro_batch,
+            grad_accum=base.plan.grad_accum,
+            checkpoint_blocks=base.plan.checkpoint_blocks,
+            blocks=layers,
+            block_share=share,
+            recompute_fixed=base.recompute_fixed,
+            dataloader_fixed=base.dataloader_fixed,
+            forward_fixed=base.forward_fixed,
+            backward_fixed=base.backward_fixed,
+        )
+        return time, "measured"
+    time = cm.BaselineTime(
+        dataloader=0.0,
+        forward=1.0,
+        backward=2.0,
+        optimizer=0.0,
+        micro_batch=reference.micro_batch,
+        grad_accum=reference.grad_accum,
+        checkpoint_blocks=reference.checkpoint_blocks,
+        blocks=layers,
+        block_share=share,
+    )
+    return time, "formula"
+
+
+def _step_ratio(
+    facts: ModelFacts, plan: Plan, reference: Plan, extra_seconds: float
+) -> tuple[float | None, float | None, Source | None, str | None]:
+    """Predicted step-time ratio to the reference plan, seconds when measured, source, note."""
+    base, source = _baseline_time(facts, reference)
+    if source == "measured" and plan.precision != reference.precision:
+        return None, None, None, "step time of another precision needs a profile at that precision"
+    sharded = plan.zero_stage >= 1 and plan.offload_optimizer == "none"
+    seconds = cm.step_seconds(
+        base,
+        micro_batch=plan.micro_batch,
+        grad_accum=plan.grad_accum,
+        checkpoint_blocks=plan.checkpoint_blocks,
+        optimizer_scale=1.0 / plan.world_size if sharded else 1.0,
+        extra_seconds=extra_seconds if source == "measured" else 0.0,
+    )
+    ref = cm.step_seconds(
+        base,
+        micro_batch=reference.micro_batch,
+        grad_accum=reference.grad_accum,
+        checkpoint_blocks=reference.checkpoint_blocks,
+    )
+    return seconds / ref, seconds if source == "measured" else None, source, None
+
+
+def estimate_plan(
+    facts: ModelFacts,
+    plan: Plan,
+    *,
+    reference: Plan | None = None,
+    device_memory: int | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+    pcie_gbps: float | None = None,
+    margin: float = DEFAULT_MARGIN,
+) -> PlanEstimate:
+    """Predict one plan's per-device memory, fit, relative step time and communication.
+
+    Args:
+        facts: the model, from a profile or a trace.
+        plan: the plan to predict.
+        reference: the plan step-time ratios are relative to; the measured
+            baseline's plan when ``facts`` has one.
+        device_memory: per-device budget in bytes; None leaves ``fits`` unknown.
+        intra_gbps: bandwidth inside a node, Gbit/s (communication time).
+        inter_gbps: bandwidth between nodes, Gbit/s (used when the plan spans nodes).
+        pcie_gbps: host-device bandwidth, Gbit/s (offload time).
+        margin: share of device memory kept free for what tensors do not show.
+    """
+    peak, temps, how, states, source = predict_peak(facts, plan)
+    spec, _ = activation_spec(facts, plan.precision)
+    layers, k = facts.num_layers, plan.checkpoint_blocks
+    sizes = {
+        "parameters": states.parameters,
+        "buffers": float(facts.buffers),
+        "gradients": states.gradients,
+        "optimizer_states": states.optimizer_states,
+        "activations": cm.activation_peak(spec.figures(layers), plan.micro_batch, k),
+        "autocast_weight_copies": spec.weight_copies(layers, k)
+        if plan.precision.startswith("amp")
+        else 0.0,
+        "temporaries": temps,
+    }
+    notes = [note for note in (activation_spec(facts, plan.precision)[1],) if note]
+    if plan.checkpoint_blocks > facts.num_layers:
+        notes.append(
+            f"{plan.checkpoint_blocks} blocks checkpointed but the stack has {facts.num_layers}"
+        )
+    psi = facts.trainable_parameters
+    comm = zero.communication_elements(psi, plan.zero_stage, plan.world_size, plan.grad_accum)
+    comm_bytes = comm * cm.communicated_bytes_per_element(plan.precision)
+    comm_s = cm.transfer_seconds(comm_bytes, inter_gbps if plan.nodes > 1 else intra_gbps)
+    offload = zero.offload_bytes_per_step(
+        parameters=facts.parameters,
+        trainable=psi,
+        precision=plan.precision,
+        world_size=plan.world_size,
+        grad_accum=plan.grad_accum,
+        offload_optimizer=plan.offload_optimizer != "none",
+        offload_param=plan.offload_param != "none",
+    )
+    offload_s = cm.transfer_seconds(offload, pcie_gbps)
+    if comm_bytes and comm_s is None:
+        notes.append("communication time not included: no bandwidth given")
+    if offload and offload_s is None:
+        notes.append("offload transfer time not included: no PCIe bandwidth given")
+    ref = facts.baseline.plan if facts.baseline else (reference or plan)
+    ratio, seconds, time_source, time_note = _step_ratio(
+        facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0)
+    )
+    notes.extend(note for note in (time_note,) if note)
+    usable = device_memory * (1.0 - margin) if device_memory else None
+    return PlanEstimate(
+        plan=plan,
+        memory=MemoryEstimate(
+            **{name: round(value) for name, value in sizes.items()},
+            peak=round(peak),
+            peak_composition=how,
+        ),
+        fits=None if usable is None else peak <= usable,
+        headroom_bytes=None if usable is None else round(usable - peak),
+        predicted_step_time_ratio=ratio,
+        predicted_step_seconds=seconds,
+        time_source=time_source,
+        communication_bytes_per_step=round(comm_bytes),
+        communication_seconds=comm_s,
+        offload_bytes_per_step=round(offload),
+        accounting=states.accounting,
+        source=source,
+        notes=notes,
+    )
+
+
+def plan_grid(facts: ModelFacts, base: Plan) -> list[Plan]:
+    """A sensible grid around ``base`` for its devices: precision x ZeRO stage x
+    checkpointed blocks (0, L/2, L) x micro-batch (keeping samples per device per step).
+    """
+    per_device = base.micro_batch * base.grad_accum
+    micro = sorted({per_device, max(per_device // 2, 1), max(per_device // 4, 1), 1}, reverse=True)
+    micro = [mb for mb in micro if per_device % mb == 0]
+    layers = facts.num_layers
+    ckpts = sorted({0, layers // 2, layers}) if layers else [0]
+    stages = [0, 1, 2, 3] if base.world_size > 1 else [0]
+    plans = []
+    for precision in ("fp32", "amp_bf16", "bf16"):
+        for stage in stages:
+            for ckpt in ckpts:
+                for mb in micro:
+                    plans.append(
+                        base.with_changes(
+                            precision=precision,
+                            zero_stage=stage,
+                            checkpoint_blocks=ckpt,
+                            micro_batch=mb,
+                            grad_accum=per_device // mb,
+                            offload_optimizer="none",
+                            offload_param="none",
+                        )
+                    )
+    return plans
+
+
+def estimate(
+    facts: ModelFacts,
+    plans: list[Plan],
+    *,
+    reference: Plan | None = None,
+    device_memory: int | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+    margin: float = DEFAULT_MARGIN,
+    train_tokens: int | None = None,
+    mfu: float | None = None,
+    peak_flops: float | None = None,
+    claim: tuple[Plan, int] | None = None,
+) -> EstimateRecord:
+    """Predict every plan in ``plans``; see :func:`estimate_plan` for the per-plan figures.
+
+    Args:
+        facts: the model.
+        plans: the plans to predict.
+        reference: the plan ratios are relative to when nothing was measured
+            (default: the first plan).
+        device_memory: per-device budget in bytes (None: fits unknown).
+        intra_gbps: bandwidth inside a node, Gbit/s.
+        inter_gbps: bandwidth between nodes, Gbit/s.
+        margin: share of device memory kept free.
+        train_tokens: token budget for the days-to-train figure.
+        mfu: assumed model FLOPs utilisation for days to train.
+        peak_flops: per-device peak FLOP/s for days to train.
+        claim: a plan and a claimed per-device memory to check against the floor.
+    """
+    reference = facts.baseline.plan if facts.baseline else (reference or plans[0])
+    results = []
+    for plan in plans:
+        result = estimate_plan(
+            facts,
+            plan,
+            reference=reference,
+            device_memory=device_memory,
+            intra_gbps=intra_gbps,
+            inter_gbps=inter_gbps,
+            margin=margin,
+        )
+        if train_tokens:
+            days, how = plan_train_days(
+                facts,
+                plan,
+                result.predicted_step_time_ratio,
+                train_tokens,
+                mfu=mfu,
+                peak_flops=peak_flops,
+            )
+            result = result.model_copy(update={"train_days": days, "notes": [*result.notes, how]})
+        results.append(result)
+    return EstimateRecord(
+        model=facts.name,
+        parameters=facts.parameters,
+        trainable_parameters=facts.trainable_parameters,
+        num_layers=facts.num_layers,
+        seq_len=facts.seq_len,
+        device_memory_bytes=device_memory,
+        margin=margin,
+        intra_gbps=intra_gbps,
+        inter_gbps=inter_gbps,
+        baseline=reference,
+        train_tokens=train_tokens,
+        plans=results,
+        check=check_claim(facts, *claim) if claim else None,
+    )

@@ -1,0 +1,288 @@
+"""Model facts: what the estimator knows about a model, measured (a profile) or traced.
+
+Pure: no torch. The trace side lives in ``autotune.runtime.trace``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from autotune.estimator import _costmodel as cm
+from autotune.records import AUTOCAST_PLAN_PRECISION, AtPeak, Plan, ProfileRecord
+from autotune.records import Record as _Record
+
+Source = Literal["measured", "traced", "formula"]
+
+
+class ActivationSpec(_Record):
+    """Saved-for-backward bytes of one precision: ``fixed + per_sample * b``, whole model and per block."""
+
+    fixed: float
+    per_sample: float
+    block_fixed: float = 0.0
+    block_per_sample: float = 0.0
+    block_input_fixed: float = 0.0
+    block_input_per_sample: float = 0.0
+    autocast_weight_copies: float = Field(
+        default=0.0, description="16-bit weight copies autocast saves, no block checkpointed"
+    )
+    block_autocast_weight_copies: float = Field(
+        default=0.0, description="of those, one block's (not saved when it is checkpointed)"
+    )
+    source: Source
+
+    def weight_copies(self, blocks: int, checkpoint_blocks: int) -> float:
+        """Autocast's weight copies at their highest with k blocks checkpointed: a
+        checkpointed block's are dropped, one block's come back during its recompute.
+        """
+        k = min(checkpoint_blocks, blocks)
+        dropped = (k - (1 if k else 0)) * self.block_autocast_weight_copies
+        return max(self.autocast_weight_copies - dropped, 0.0)
+
+    def figures(self, blocks: int) -> cm.ActivationFigures:
+        """The cost model's view of these figures for a stack of ``blocks`` blocks."""
+        return cm.ActivationFigures(
+            fixed=self.fixed,
+            per_sample=self.per_sample,
+            blocks=blocks if self.block_per_sample or self.block_fixed else 0,
+            block_fixed=self.block_fixed,
+            block_per_sample=self.block_per_sample,
+            block_input_fixed=self.block_input_fixed,
+            block_input_per_sample=self.block_input_per_sample,
+        )
+
+
+class Baseline(_Record):
+    """A measured plan: its peak and what was live then, and its step time by phase."""
+
+    plan: Plan
+    peak: int
+    at_peak: AtPeak
+    dataloader: float
+    forward: float
+    backward: float
+    optimizer: float
+    tokens_per_s: float | None = None
+    dataloader_fixed: float = Field(default=0.0, description="per micro-batch, batch-independent")
+    forward_fixed: float = 0.0
+    backward_fixed: float = 0.0
+    recompute_share: float | None = Field(
+        default=None, description="measured: recomputing one block costs this share of a forward"
+    )
+    recompute_fixed: float = Field(
+        default=0.0,
+        description="measured: seconds per checkpointed block beyond its share of the forward",
+    )
+    time_fit: str = Field(default="proportional to the micro-batch (one profile)")
+
+
+class ModelFacts(_Record):
+    """What the estimator needs to know about a model, measured or traced."""
+
+    name: str
+    parameters: int
+    trainable_parameters: int
+    embedding_parameters: int = 0
+    largest_layer_parameters: int = 0
+    buffers: int = 0
+    block_stack: str | None = None
+    num_layers: int = Field(
+        default=0, description="L, blocks in the repeated stack (0: none found)"
+    )
+    block_parameters: int | None = Field(default=None, description="parameters of one block")
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    seq_len: int | None = Field(default=None, description="tokens per sample")
+    optimizer_bytes_per_param: float = cm.ADAM_STATE_BYTES
+    optimizer_source: Literal["measured", "assumed_adam"] = "assumed_adam"
+    activations: dict[str, ActivationSpec] = Field(description="plan precision -> figures")
+    baseline: Baseline | None = None
+    peak_flops_per_s: float | None = None
+
+
+def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
+    """Model facts with the activation figures, peak and times a profile measured.
+
+    Without a two-batch-size fit the measured activations count as per-sample
+    only, and checkpointing cannot be predicted (no per-block figures).
+    """
+    model, memory, time = profile.model, profile.memory, profile.time
+    fit = memory.activation_fit
+    batch = profile.config.batch_size
+    if fit is not None:
+        spec = ActivationSpec(
+            fixed=fit.fixed,
+            per_sample=fit.per_sample,
+            block_fixed=fit.block_fixed or 0,
+            block_per_sample=fit.block_per_sample or 0.0,
+            block_input_per_sample=fit.block_input_per_sample or 0.0,
+            autocast_weight_copies=memory.autocast_weight_copies,
+            source="measured",
+        )
+    else:
+        spec = ActivationSpec(
+            fixed=0.0,
+            per_sample=memory.activations / batch,
+            autocast_weight_copies=memory.autocast_weight_copies,
+            source="measured",
+        )
+    layers = model.block_stack.count if model.block_stack else 0
+    precision = AUTOCAST_PLAN_PRECISION[profile.config.precision]
+    plan = Plan.model_validate(
+        {
+            "precision": precision,
+            "micro_batch": batch,
+            "checkpoint_blocks": layers if profile.config.checkpointing else 0,
+        }
+    )
+    trainable = model.trainable_parameters
+    return ModelFacts(
+        name=model.class_name,
+        parameters=model.parameters,
+        trainable_parameters=trainable,
+        embedding_parameters=model.embedding_parameters,
+        largest_layer_parameters=model.largest_layer_parameters,
+        buffers=memory.buffers,
+        block_stack=model.block_stack.path if model.block_stack else None,
+        num_layers=layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        seq_len=model.tokens_per_sample,
+        optimizer_bytes_per_param=memory.optimizer_states / trainable if trainable else 0.0,
+        optimizer_source="measured",
+        activations={precision: spec},
+        baseline=Baseline(
+            plan=plan,
+            peak=memory.peak,
+            at_peak=memory.at_peak,
+            dataloader=time.dataloader,
+            forward=time.forward,
+            backward=time.backward,
+            optimizer=time.optimizer,
+            tokens_per_s=profile.throughput.tokens_per_s,
+        ),
+        peak_flops_per_s=profile.compute.peak_flops_per_s,
+    )
+
+
+def activation_spec(facts: ModelFacts, precision: str) -> tuple[ActivationSpec, str | None]:
+    """The activation figures for a plan precision, and a note when they are derived.
+
+    Figures measured or traced at another precision are converted by formula:
+    autocast fp16 and bf16 save the same bytes, as do DeepSpeed fp16 and bf16;
+    16-bit weights halve fp32's figures; autocast from fp32 keeps fp32's figures
+    (an upper bound) plus 16-bit copies of the non-embedding weights.
+    """
+    acts = facts.activations
+    if precision in acts:
+        return acts[precision], None
+    twin = {"amp_bf16": "amp_fp16", "amp_fp16": "amp_bf16", "bf16": "fp16", "fp16": "bf16"}
+    if twin.get(precision) in acts:
+        return acts[twin[precision]], f"activations of {precision} taken from {twin[precision]}"
+    base_name = "fp32" if "fp32" in acts else next(iter(acts))
+    base = acts[base_name]
+    if precision in ("bf16", "fp16"):
+        factor, copies = (0.5 if base_name == "fp32" else 1.0), 0.0
+    elif precision.startswith("amp"):
+        factor, copies = 1.0, 2.0 * (facts.parameters - facts.embedding_parameters)
+    else:
+        factor, copies = (2.0 if base_name in ("bf16", "fp16") else 1.0), 0.0
+    spec = ActivationSpec(
+        fixed=base.fixed * factor,
+        per_sample=base.per_sample * factor,
+        block_fixed=base.block_fixed * factor,
+        block_per_sample=base.block_per_sample * factor,
+        block_input_fixed=base.block_input_fixed * factor,
+        block_input_per_sample=base.block_input_per_sample * factor,
+        autocast_weight_copies=copies,
+        source="formula",
+    )
+    return spec, f"activations of {precision} by formula from {base_name} x {factor}"
+
+
+def block_share(facts: ModelFacts) -> float:
+    """Share of the forward's compute spent in the block stack (for recompute cost).
+
+    From parameter counts when known (matmul work follows the weights), else
+    from the activation figures.
+    """
+    if not facts.num_layers:
+        return 0.0
+    if facts.block_parameters:
+        dense = max(facts.parameters - facts.embedding_parameters, 1)
+        return min(facts.num_layers * facts.block_parameters / dense, 1.0)
+    spec = next(iter(facts.activations.values()))
+    if spec.per_sample <= 0:
+        return 1.0
+    return min(facts.num_layers * spec.block_per_sample / spec.per_sample, 1.0)
+
+
+def fit_step_time(facts: ModelFacts, other: ProfileRecord) -> ModelFacts:
+    """Refine the baseline's step time with a second profile that differs in one knob.
+
+    At another batch size: each phase (data, forward, backward) per micro-batch
+    is fitted as a fixed part plus a part proportional to the batch; the fixed
+    part is what one profile cannot see (per-call overheads that dominate small
+    models). With checkpointing switched: the measured cost of recomputing a
+    block, as a share of the forward (checkpointing's own overheads included).
+
+    Raises:
+        ValueError: the profiles differ in precision, or in more than one knob.
+    """
+    base = facts.baseline
+    if base is None:
+        raise ValueError("no baseline to refine")
+    cfg, time = other.config, other.time
+    if AUTOCAST_PLAN_PRECISION[cfg.precision] != base.plan.precision:
+        raise ValueError("the second profile has another precision")
+    b0, b1 = base.plan.micro_batch, cfg.batch_size
+    k0, k1 = base.plan.checkpoint_blocks, facts.num_layers if cfg.checkpointing else 0
+    if b0 != b1 and k0 == k1:
+        update = _batch_fit(base, b1, time.dataloader, time.forward, time.backward)
+    elif b0 == b1 and k0 != k1 and facts.num_layers:
+        extra = (time.backward - base.backward) * (1 if k1 > k0 else -1)
+        forward = time.forward if k1 > k0 else base.forward
+        update = _recompute_fit(facts, max(extra, 0.0) / abs(k1 - k0), forward)
+    else:
+        raise ValueError("the second profile must differ in batch size or in checkpointing only")
+    fits = [base.time_fit] if base.time_fit.startswith("fixed") else []
+    fits.append(f"profile at batch {b1}, checkpointing {'on' if cfg.checkpointing else 'off'}")
+    update["time_fit"] = "; ".join(fits)
+    return facts.model_copy(update={"baseline": base.model_copy(update=update)})
+
+
+def _recompute_fit(facts: ModelFacts, per_block: float, forward: float) -> dict[str, object]:
+    """Split a checkpointed block's measured extra seconds into recompute and fixed overhead.
+
+    Recomputing a block re-runs its forward: its share of the forward's compute
+    (from the parameters, :func:`block_share`), which grows with the micro-batch.
+    What the profile measured beyond that (the checkpoint's hooks, RNG state,
+    graph rebuilt per call) is taken as a fixed cost per block: on the tiny Llama
+    here it was 0.045 s for 4 blocks at micro-batch 4 and 0.046 s at 2.
+    """
+    if forward <= 0 or not facts.num_layers:
+        return {"recompute_share": 0.0, "recompute_fixed": per_block}
+    physical = block_share(facts) / facts.num_layers * forward
+    return {
+        "recompute_share": min(per_block, physical) / forward,
+        "recompute_fixed": max(per_block - physical, 0.0),
+    }
+
+
+def _batch_fit(
+    base: Baseline, b1: int, dataloader: float, forward: float, backward: float
+) -> dict[str, object]:
+    b0 = base.plan.micro_batch
+
+    def fixed(at_base: float, at_other: float) -> float:
+        slope = (at_base - at_other) / (b0 - b1)
+        return min(max(at_base - slope * b0, 0.0), at_base)
+
+    return {
+        "dataloader_fixed": fixed(base.dataloader, dataloader),
+        "forward_fixed": fixed(base.forward, forward),
+        "backward_fixed": fixed(base.backward, backward),
+        "time_fit": f"fixed + per-sample parts from batch {b0} and {b1}",
+    }

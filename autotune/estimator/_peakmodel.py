@@ -1,0 +1,198 @@
+"""The peak of a training step: what is live at each moment it can peak, rescaled from a measured one.
+
+Pure: no torch. A step peaks at one of three moments: the start of backward
+(every saved activation, no gradients yet under torch), the recompute of a
+checkpointed block (the gradients of the blocks after it, the inputs of the
+blocks before it, one block's full activations) or the optimizer step (all
+model states). A profile says which moment peaked and what was live then;
+that moment is rebuilt for a new plan by scaling each category by the cost
+model's ratio new/profiled, the others come from the cost model alone.
+The moments' ``temporaries`` are the ones the plan fixes in advance (DeepSpeed's
+gradient buckets); the measured ones scale on top of them.
+"""
+
+from __future__ import annotations
+
+from autotune.estimator import _costmodel as cm
+from autotune.estimator import _zero as zero
+from autotune.estimator._modelfacts import ModelFacts, Source, activation_spec
+from autotune.records import Plan
+
+Moments = dict[str, dict[str, float]]
+CATEGORIES = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "autocast_weight_copies",
+    "temporaries",
+)
+
+
+def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, Source]:
+    """Bytes of every category at each moment the plan's step can peak.
+
+    The only temporaries counted are DeepSpeed's gradient buckets: live through
+    backward at stages 1-2, through the whole step at stage 3.
+    """
+    states = zero.states_for(facts, plan)
+    buckets = zero.bucket_bytes(facts, plan)
+    backward_grads = states.gradients - states.step_gradients
+    spec, _ = activation_spec(facts, plan.precision)
+    layers, k, b = facts.num_layers, min(plan.checkpoint_blocks, facts.num_layers), plan.micro_batch
+    fig = spec.figures(layers)
+    amp = plan.precision.startswith("amp")
+    common = {
+        "parameters": states.parameters,
+        "buffers": float(facts.buffers),
+        "optimizer_states": states.optimizer_states,
+        "temporaries": buckets,
+    }
+    copies = spec.weight_copies(layers, k) - (spec.block_autocast_weight_copies if k else 0.0)
+    result: Moments = {
+        "backward": {
+            **common,
+            # DeepSpeed allocates its gradient buffers up front; torch creates them in the
+            # first backward, so under accumulation the earlier micro-batches' are live
+            "gradients": backward_grads if _gradients_before_backward(plan) else 0.0,
+            "activations": cm.saved_activations(fig, b, k),
+            "autocast_weight_copies": copies if amp else 0.0,
+        },
+        "optimizer": {
+            **common,
+            "gradients": states.gradients,
+            "activations": 0.0,
+            "autocast_weight_copies": 0.0,
+            "temporaries": buckets if plan.zero_stage >= 3 else 0.0,
+        },
+    }
+    if k and fig.blocks:
+        grads, inputs = _recompute_live(facts, plan, backward_grads, fig.block_input(b), k)
+        result["recompute"] = {
+            **common,
+            "gradients": grads,
+            "activations": inputs + fig.block(b),
+            "autocast_weight_copies": spec.block_autocast_weight_copies if amp else 0.0,
+        }
+    return result, states, spec.source
+
+
+def _gradients_before_backward(plan: Plan) -> bool:
+    """Whether every gradient already exists when the last micro-batch's backward starts."""
+    return plan.uses_deepspeed or plan.grad_accum > 1
+
+
+def _recompute_live(
+    facts: ModelFacts, plan: Plan, gradients: float, block_input: float, k: int
+) -> tuple[float, float]:
+    """Gradients and kept inputs live while block j is recomputed, at the worse of j = 0 and k-1.
+
+    Under torch the blocks after j have their gradients by then and the inputs
+    of blocks 0..j are still kept; DeepSpeed's gradient buffers are all there.
+    """
+    if _gradients_before_backward(plan):
+        return gradients, k * block_input
+    trainable = max(facts.trainable_parameters, 1)
+    share = (facts.block_parameters or trainable / (facts.num_layers + 1)) / trainable
+    per_block = gradients * share
+    candidates = [(gradients - (j + 1) * per_block, (j + 1) * block_input) for j in (0, k - 1)]
+    return max(candidates, key=lambda pair: pair[0] + pair[1])
+
+
+def _which(facts: ModelFacts, live: dict[str, float], saved: float) -> str:
+    """The moment a measured peak was taken at, from what was live.
+
+    ``saved`` is the profiled plan's activations at the start of backward: the
+    optimizer moment has all gradients and (almost) none of them, whereas a loop
+    that keeps its gradients between steps has both at the start of backward.
+    """
+    base = facts.baseline
+    assert base is not None
+    full = zero.states_for(facts, base.plan).gradients
+    if full and live["gradients"] >= 0.9 * full and live["activations"] <= 0.1 * saved:
+        return "optimizer"  # all gradients exist and the activations are gone: backward is over
+    if base.plan.checkpoint_blocks and live["gradients"] > 0:
+        return "recompute"  # some gradients, under checkpointing: a block is being recomputed
+    return "backward"
+
+
+def predict_peak(
+    facts: ModelFacts, plan: Plan
+) -> tuple[float, float, str, zero.StateBytes, Source]:
+    """Predicted peak, the temporaries in it, the moment and how, the states and activation source.
+
+    On the profiled plan itself the answer is the measured peak.
+    """
+    new, states, source = moments(facts, plan)
+    base = facts.baseline
+    if base is None:
+        totals = {name: sum(sizes.values()) for name, sizes in new.items()}
+        name = max(totals, key=lambda key: totals[key])
+        how = _buckets_note(f"{name} (sum of live categories)", new[name]["temporaries"])
+        return totals[name], new[name]["temporaries"], how, states, source
+    live = {c: float(v) for c, v in base.at_peak.model_dump().items()}
+    old, _, _ = moments(facts, base.plan)
+    moment = _which(facts, live, old["backward"]["activations"])
+    if plan.uses_deepspeed and not base.plan.uses_deepspeed and moment in old:
+        # DeepSpeed frees each .grad once reduced into its own buffers: gradients the
+        # profiled loop kept between its steps do not carry over
+        live["gradients"] = old[moment]["gradients"]
+    # temporaries per activation byte at the measured moment (backward's own buffers),
+    # less what the profiled plan fixed in advance (its buckets)
+    moment_act = old[moment]["activations"] if moment in old else 0.0
+    measured = max(live["temporaries"] - old[moment]["temporaries"], 0.0) if moment in old else 0.0
+    per_act = measured / moment_act if moment != "optimizer" and moment_act else 0.0
+    totals, temps = {}, {}
+    for name, sizes in new.items():
+        if name == moment and name in old:
+            scale = plan.micro_batch / base.plan.micro_batch
+            totals[name], temps[name] = _rescaled(live, old[name], sizes, moment, scale)
+        else:
+            scaled = per_act * sizes["activations"] if name != "optimizer" else 0.0
+            temps[name] = scaled + sizes["temporaries"]
+            totals[name] = sum(sizes.values()) + scaled
+    if plan == base.plan:
+        return float(base.peak), live["temporaries"], f"{moment} (measured)", states, source
+    name = max(totals, key=lambda key: totals[key])
+    how = (
+        "measured moment rescaled" if name == moment else "cost model, temporaries from the profile"
+    )
+    return (
+        totals[name],
+        temps[name],
+        _buckets_note(f"{name} ({how})", new[name]["temporaries"]),
+        states,
+        source,
+    )
+
+
+def _buckets_note(how: str, buckets: float) -> str:
+    return f"{how}, with ZeRO gradient buckets of {buckets:,.0f} bytes" if buckets else how
+
+
+def _rescaled(
+    live: dict[str, float], old: dict[str, float], new: dict[str, float], moment: str, scale: float
+) -> tuple[float, float]:
+    """The measured moment with each category scaled by new/old.
+
+    Temporaries follow what makes them: the recomputed block's activations, the
+    micro-batch (``scale``, new/old) at the start of backward, nothing at the
+    optimizer step; the plans' own (DeepSpeed's buckets) are swapped, old for new.
+    """
+    total = 0.0
+    for c in CATEGORIES:
+        if c == "temporaries":
+            continue
+        if old[c]:
+            total += live[c] * new[c] / old[c]
+        else:
+            total += live[c] + new[c]  # nothing to scale: keep what was measured, add the new
+    if moment == "recompute":  # the recomputed block's own buffers
+        ratio = new["activations"] / old["activations"] if old["activations"] else 1.0
+    elif moment == "backward":  # the loss's gradients: one per sample
+        ratio = scale
+    else:  # the optimizer's: independent of the batch
+        ratio = 1.0
+    temps = max(live["temporaries"] - old["temporaries"], 0.0) * ratio + new["temporaries"]
+    return total + temps, temps

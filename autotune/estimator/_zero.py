@@ -1,0 +1,253 @@
+"""ZeRO memory accounting: model states per device, gradient buckets, communication and offload.
+
+The one home of these formulas (METHOD.md section 2): the estimator, the peak model,
+the DeepSpeed emitter and the claim check all call them. Pure arithmetic, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.estimator._costmodel import ADAM_STATE_BYTES, WEIGHT_BYTES, Accounting
+from autotune.estimator._modelfacts import ModelFacts
+from autotune.records import AutotuneError, Plan
+
+PAPER_K = 12
+"""The ZeRO paper's optimizer multiplier for mixed precision: fp32 master + m + v."""
+
+# DeepSpeed's own default, written out so configs show what the engine will use.
+BUCKET_SIZE = 500_000_000
+BUCKET_ALIGNMENT = 2
+"""ZeRO-1/2 asserts allgather_bucket_size % 2 == 0 (4-byte NCCL alignment of 16-bit elements)."""
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Model-state bytes held on one device, by category."""
+
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    accounting: Accounting
+    step_gradients: float = 0.0
+    """Of ``gradients``, the bytes that exist only during the optimizer step."""
+
+    @property
+    def total(self) -> float:
+        """Parameters + gradients + optimizer states."""
+        return self.parameters + self.gradients + self.optimizer_states
+
+
+def is_deepspeed(precision: str, zero_stage: int, offload_optimizer: bool = False) -> bool:
+    """Whether a plan runs under a DeepSpeed engine (16-bit weights, ZeRO or offload)."""
+    return zero_stage > 0 or WEIGHT_BYTES[precision] == 2 or offload_optimizer
+
+
+def paper_floor(psi: float, zero_stage: int, world_size: int, k: int = PAPER_K) -> StateBytes:
+    """The ZeRO paper's mixed-precision model states per device: (2 + 2 + K) psi, sharded.
+
+    Args:
+        psi: parameter count.
+        zero_stage: 0-3; stage 1 shards the optimizer, 2 also gradients, 3 also parameters.
+        world_size: data-parallel devices N.
+        k: optimizer bytes per parameter (12 for Adam with an fp32 master copy).
+
+    Returns:
+        The floor in bytes; no implementation holds less than this for Adam.
+    """
+    n = max(world_size, 1)
+    return StateBytes(
+        parameters=2 * psi / (n if zero_stage >= 3 else 1),
+        gradients=2 * psi / (n if zero_stage >= 2 else 1),
+        optimizer_states=k * psi / (n if zero_stage >= 1 else 1),
+        accounting="paper",
+    )
+
+
+def model_state_bytes(
+    *,
+    parameters: float,
+    trainable: float,
+    precision: str,
+    zero_stage: int = 0,
+    world_size: int = 1,
+    largest_layer: float = 0.0,
+    optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+) -> StateBytes:
+    """Model-state bytes per device as the implementation that runs the plan allocates them.
+
+    Plain torch (fp32 or autocast, no ZeRO): 4 bytes per weight, 4 per gradient,
+    ``optimizer_bytes_per_param`` per trainable parameter. Under DeepSpeed
+    (METHOD.md section 2): weights and gradients in the plan's dtype, an fp32
+    master copy plus the optimizer moments sharded from stage 1, an fp32 gradient
+    partition at the optimizer step; stage 3 also gathers the largest layer's
+    16-bit parameters and gradients (2 + 2 bytes each) and keeps no separate
+    16-bit gradient partition. For 16-bit weights this gives stage 1
+    (2 + 2 + 16/N), stage 2 (2 + 18/N), stage 3 18/N + 4 x largest.
+
+    Args:
+        parameters: all parameters (frozen ones are held too).
+        trainable: parameters with gradients; gradients and optimizer states follow them.
+        precision: a plan precision (fp32, amp_bf16, amp_fp16, bf16, fp16).
+        zero_stage: DeepSpeed ZeRO stage 0-3.
+        world_size: data-parallel devices N.
+        largest_layer: parameter count of the largest single module (stage 3 gathers it).
+        optimizer_bytes_per_param: the optimizer's own state per trainable parameter
+            (8 for Adam; measured when a profile read it from the optimizer).
+        offload_optimizer: optimizer states and fp32 gradient partition live on the CPU.
+        offload_param: parameter partitions live on the CPU (stage 3).
+    """
+    w = WEIGHT_BYTES[precision]
+    if not is_deepspeed(precision, zero_stage, offload_optimizer):
+        return StateBytes(
+            parameters=w * parameters,
+            gradients=4.0 * trainable,
+            optimizer_states=optimizer_bytes_per_param * trainable,
+            accounting="torch",
+        )
+    n = max(world_size, 1)
+    shard_opt = n if zero_stage >= 1 else 1
+    params = 0.0 if offload_param else w * parameters / (n if zero_stage >= 3 else 1)
+    # With the optimizer offloaded, gradients stream to the host during backward
+    # (only a bucket stays): DeepSpeed's offload estimators count none on the device.
+    grads = 0.0 if offload_optimizer else w * trainable / (n if zero_stage >= 2 else 1)
+    fp32_grad_partition = 0.0 if offload_optimizer else 4.0 * trainable / shard_opt
+    optimizer = (
+        0.0 if offload_optimizer else (optimizer_bytes_per_param + 4.0) * trainable / shard_opt
+    )
+    if zero_stage >= 3:
+        # DeepSpeed's stage-3 estimator: 18/N (no separate 16-bit gradient partition;
+        # gradients are reduced into the fp32 partition) + the gathered largest layer.
+        params += w * largest_layer
+        grads = w * largest_layer
+    return StateBytes(
+        parameters=params,
+        gradients=grads + fp32_grad_partition,
+        optimizer_states=optimizer,
+        accounting="deepspeed",
+        # Stages 1-2 build the fp32 partition in step() and free it after (deepspeed 0.19
+        # stage_1_and_2.py step); stage 3 holds it from the start.
+        step_gradients=fp32_grad_partition if zero_stage < 3 else 0.0,
+    )
+
+
+def zero_bucket_bytes(
+    *, zero_stage: int, bucket_elements: float, precision: str, overlap_comm: bool = True
+) -> float:
+    """Device bytes of DeepSpeed ZeRO's gradient buckets, each ``bucket_elements`` long.
+
+    Stages 1 and 2 (deepspeed 0.19 ``stage_1_and_2.py`` ``setup_buckets``) allocate
+    one bucket per communication dtype at the first gradient of every backward, two
+    with ``overlap_comm``, in the weights' dtype (fp32 under autocast), and free them
+    when the backward ends. Stage 3 (``stage3.py`` ``__init__``) holds one per
+    communication dtype, in that dtype, for the whole run. Under autocast DeepSpeed
+    communicates ``nn.Linear`` weights in the autocast dtype and the rest in fp32:
+    two buckets, counted whether or not the model has both kinds.
+    """
+    if zero_stage <= 0:
+        return 0.0
+    w = WEIGHT_BYTES[precision]
+    amp = precision.startswith("amp")
+    if zero_stage >= 3:
+        return bucket_elements * (4 + 2 if amp else w)
+    return bucket_elements * w * (2 if amp else 1) * (2 if overlap_comm else 1)
+
+
+def communication_elements(
+    psi: float, zero_stage: int, world_size: int, grad_accum: int = 1
+) -> float:
+    """Elements each device sends per optimizer step (ZeRO paper volumes).
+
+    Stages 0 and 1 all-reduce the gradients once per step (2 psi). Stage 2
+    reduce-scatters gradients every micro-batch (psi each) and all-gathers the
+    updated parameters once (psi): 2 psi without accumulation. Stage 3 also
+    all-gathers the parameters in forward and backward of every micro-batch:
+    3 psi per micro-batch.
+    """
+    if world_size <= 1:
+        return 0.0
+    if zero_stage <= 1:
+        return 2.0 * psi
+    if zero_stage == 2:
+        return psi * grad_accum + psi
+    return 3.0 * psi * grad_accum
+
+
+def offload_bytes_per_step(
+    *,
+    parameters: float,
+    trainable: float,
+    precision: str,
+    world_size: int,
+    grad_accum: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+) -> float:
+    """PCIe bytes per optimizer step for offload: gradients down and updated weights up
+    (optimizer offload), parameter partitions fetched for forward and backward of every
+    micro-batch (parameter offload).
+    """
+    n = max(world_size, 1)
+    w = WEIGHT_BYTES[precision]
+    total = 0.0
+    if offload_optimizer:
+        total += (w * grad_accum + w) * trainable / n
+    if offload_param:
+        total += 2.0 * w * parameters / n * grad_accum
+    return total
+
+
+def bucket_elements(parameters: int | None) -> int:
+    """Elements per ZeRO gradient bucket (``reduce_bucket_size`` / ``allgather_bucket_size``).
+
+    ZeRO allocates its gradient buckets at full size whatever the model (stage 1/2:
+    two of them with overlap_comm), so DeepSpeed's 500M default costs a model of a few
+    thousand parameters 4 GB in fp32. A bucket holding every parameter already reduces
+    them all in one collective, which is what the default does for any model under
+    500M parameters, so capping the bucket at the model's size frees that memory and
+    keeps DeepSpeed's communication schedule unchanged.
+
+    Args:
+        parameters: the model's parameter count; None (unknown) keeps DeepSpeed's default.
+
+    Returns:
+        ``min(BUCKET_SIZE, parameters)`` rounded up to a multiple of ``BUCKET_ALIGNMENT``
+        (at least ``BUCKET_ALIGNMENT``).
+
+    Example:
+        >>> bucket_elements(2145), bucket_elements(7_000_000_000), bucket_elements(None)
+        (2146, 500000000, 500000000)
+    """
+    if parameters is None:
+        return BUCKET_SIZE
+    if parameters < 0:
+        raise AutotuneError(f"parameters: {parameters} must not be negative")
+    size = max(parameters, BUCKET_ALIGNMENT)
+    size += -size % BUCKET_ALIGNMENT
+    return min(BUCKET_SIZE, size)
+
+
+def states_for(facts: ModelFacts, plan: Plan) -> StateBytes:
+    """Model-state bytes per device for a plan (the implementation's accounting)."""
+    return model_state_bytes(
+        parameters=facts.parameters,
+        trainable=facts.trainable_parameters,
+        precision=plan.precision,
+        zero_stage=plan.zero_stage,
+        world_size=plan.world_size,
+        largest_layer=facts.largest_layer_parameters,
+        optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+        offload_optimizer=plan.offload_optimizer != "none",
+        offload_param=plan.offload_param != "none",
+    )
+
+
+def bucket_bytes(facts: ModelFacts, plan: Plan) -> float:
+    """ZeRO's gradient buckets, sized as the emitted config sizes them (:func:`bucket_elements`)."""
+    return zero_bucket_bytes(
+        zero_stage=plan.zero_stage,
+        bucket_elements=bucket_elements(facts.parameters),
+        precision=plan.precision,
+    )

@@ -1,0 +1,187 @@
+"""The advisor: apply the policy's rules in order to a profile's facts, each change stacked on the last."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from autotune.estimator import facts_from_profile
+from autotune.policy._actions import ACTIONS
+from autotune.policy._facts import Facts
+from autotune.policy._loader import Policy, Rule, load_policy
+from autotune.policy._profile_facts import FactBuilder, Machine
+from autotune.policy._records import Evidence, Predicted, Suggestion, SuggestRecord
+from autotune.records import AutotuneError, Plan, ProfileRecord
+
+
+def suggest(
+    profile: ProfileRecord,
+    *,
+    device_memory: int | None = None,
+    world_size: int = 1,
+    gpus_per_node: int | None = None,
+    inter_gbps: float | None = None,
+    global_batch: int | None = None,
+    policy_path: str | Path | None = None,
+    start: Plan | None = None,
+    skip_rules: Collection[str] = (),
+    profile_path: str | None = None,
+) -> SuggestRecord:
+    """Apply the policy to a profile: every change that applies, in order, stacked.
+
+    Args:
+        profile: the measured baseline.
+        device_memory: per-device budget in bytes (default: the profiled device's, if known).
+        world_size: data-parallel devices in all.
+        gpus_per_node: devices per node (default: all on one node).
+        inter_gbps: inter-node link bandwidth in Gbit/s (``None``: unknown).
+        global_batch: the target global batch (samples per optimizer step).
+        policy_path: a policy TOML file (default: ``policies/default.toml``).
+        start: the plan to build on (default: the profiled plan); confirm passes what it kept.
+        skip_rules: rule ids not to apply (confirm passes the rejected ones).
+        profile_path: the profile's file name, for the record.
+
+    Returns:
+        The suggestions in order, each with its stacked plan, evidence and prediction.
+    """
+    machine = _machine(profile, device_memory, world_size, gpus_per_node, inter_gbps, global_batch)
+    policy = load_policy(policy_path)
+    builder = FactBuilder(profile, facts_from_profile(profile), machine)
+    plan = start or builder.baseline
+    suggestions: list[Suggestion] = []
+    for step in _steps(policy):
+        facts = builder.facts(plan)
+        for rule in step:
+            if rule.id in skip_rules or not rule.applies(facts):
+                continue
+            made = _make(rule, facts, plan, builder)
+            if made is not None:
+                suggestions.append(made)
+                plan = made.plan
+    return SuggestRecord(
+        profile=profile_path,
+        policy=policy.path,
+        baseline=builder.baseline,
+        device_memory_bytes=machine.device_memory,
+        world_size=machine.world_size,
+        gpus_per_node=machine.gpus_per_node,
+        inter_gbps=inter_gbps,
+        global_batch=global_batch,
+        suggestions=suggestions,
+        final_plan=plan,
+        notes=_notes(builder, plan),
+    )
+
+
+def policy_plan(profile: ProfileRecord, **options: Any) -> Plan:
+    """The plan the policy ends at (every suggestion stacked); tune tries it first.
+
+    Takes the same keyword options as :func:`suggest`.
+    """
+    return suggest(profile, **options).final_plan
+
+
+def _machine(
+    profile: ProfileRecord,
+    device_memory: int | None,
+    world_size: int,
+    gpus_per_node: int | None,
+    inter_gbps: float | None,
+    global_batch: int | None,
+) -> Machine:
+    if world_size < 1:
+        raise AutotuneError(f"--world-size: {world_size} must be at least 1")
+    per_node = gpus_per_node or world_size
+    if per_node < 1 or world_size % per_node:
+        raise AutotuneError(
+            f"--gpus-per-node: {per_node} does not divide --world-size {world_size}"
+        )
+    if inter_gbps is not None and inter_gbps <= 0:
+        raise AutotuneError(f"--inter-gbps: {inter_gbps} must be positive")
+    if global_batch is not None and global_batch < 1:
+        raise AutotuneError(f"--global-batch: {global_batch} must be at least 1")
+    budget = device_memory
+    if budget is None and profile.config.device == "cuda":
+        budget = profile.environment.device_memory_bytes
+    return Machine(budget, world_size, per_node, inter_gbps, global_batch)
+
+
+def _steps(policy: Policy) -> list[list[Rule]]:
+    """The rules grouped by order: a group sees the same facts."""
+    groups: list[list[Rule]] = []
+    for rule in policy.rules:
+        if groups and groups[-1][0].order == rule.order:
+            groups[-1].append(rule)
+        else:
+            groups.append([rule])
+    return groups
+
+
+def _make(rule: Rule, facts: Facts, plan: Plan, builder: FactBuilder) -> Suggestion | None:
+    """The suggestion a rule makes on ``plan``, or ``None`` when it changes nothing."""
+    wanted = rule.changes(facts)
+    change = {knob: value for knob, value in wanted.items() if getattr(plan, knob) != value}
+    if not change:
+        return None
+    try:
+        after = plan.with_changes(**change)
+    except ValueError as exc:
+        raise AutotuneError(
+            f"rule {rule.id!r}: field action: proposes an invalid plan {change}: {exc}"
+        ) from None
+    names = [clause.fact for clause in rule.clauses()] + list(ACTIONS[rule.action].uses)
+    evidence = {
+        name: Evidence(value=facts.value(name), source=facts.source(name)) for name in names
+    }
+    return Suggestion(
+        rule=rule.id,
+        change=change,
+        plan=after,
+        plan_text=after.describe(),
+        evidence=evidence,
+        predicted=_predict(builder, facts, plan, after),
+        reason=rule.reason,
+    )
+
+
+def _predict(builder: FactBuilder, before: Facts, plan: Plan, after: Plan) -> Predicted:
+    """Memory and step time of ``after`` relative to ``plan``, from the estimate."""
+    est_before, est_after = builder.estimate(plan), builder.estimate(after)
+    ratio: float | None = None
+    time_source = est_after.time_source
+    if after.dataloader_workers != plan.dataloader_workers:
+        ratio, time_source = _loader_ratio(builder, plan, after), "formula"
+    elif est_before.predicted_step_time_ratio and est_after.predicted_step_time_ratio is not None:
+        ratio = est_after.predicted_step_time_ratio / est_before.predicted_step_time_ratio
+    peak_before = before.peak_bytes
+    return Predicted(
+        peak_bytes_before=peak_before,
+        peak_bytes_after=est_after.memory.peak,
+        fits_after=est_after.fits,
+        step_time_ratio=ratio,
+        memory_source="formula",
+        time_source=time_source,
+    )
+
+
+def _loader_ratio(builder: FactBuilder, plan: Plan, after: Plan) -> float | None:
+    """Step time with more workers over step time without: only the waiting goes away."""
+    time = builder.profile.time
+    before_share, _ = builder.input_share(plan)
+    after_share, _ = builder.input_share(after)
+    if before_share is None or after_share is None or time.step <= 0:
+        return None
+    compute = time.step * (1 - before_share)
+    return (compute / (1 - after_share)) / time.step if after_share < 1 else None
+
+
+def _notes(builder: FactBuilder, plan: Plan) -> list[str]:
+    notes = []
+    if builder.machine.device_memory is None:
+        notes.append(
+            "no device memory budget (--device-memory): fits is unknown, rules that test it stay silent"
+        )
+    if plan.uses_deepspeed:
+        notes.append("the final plan needs DeepSpeed: `autotune config` writes its config")
+    return notes

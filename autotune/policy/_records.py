@@ -1,0 +1,58 @@
+"""The records the advisor returns: suggestions with their evidence and predicted effect."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from autotune.records import Plan, Record
+
+SCHEMA_VERSION = 1
+
+
+class Evidence(Record):
+    """One fact a rule tested, with its value and where the value came from."""
+
+    value: Any
+    source: Literal["measured", "formula", "traced", "given", "plan"]
+
+
+class Predicted(Record):
+    """The predicted effect of one change, relative to the plan before it."""
+
+    peak_bytes_before: int | None
+    peak_bytes_after: int | None
+    fits_after: bool | None
+    step_time_ratio: float | None = Field(description="step time after / before; < 1 is faster")
+    memory_source: Literal["measured", "formula", "traced"]
+    time_source: Literal["measured", "formula", "traced"] | None
+
+
+class Suggestion(Record):
+    """One proposed change: the rule, the knobs it turns, the stacked plan, why, and what it should do."""
+
+    rule: str
+    change: dict[str, Any]
+    plan: Plan
+    plan_text: str
+    evidence: dict[str, Evidence]
+    predicted: Predicted
+    reason: str
+
+
+class SuggestRecord(Record):
+    """What ``autotune suggest`` proposes, in order: the first suggestion is the next change."""
+
+    schema_version: int = SCHEMA_VERSION
+    profile: str | None = None
+    policy: str
+    baseline: Plan
+    device_memory_bytes: int | None
+    world_size: int
+    gpus_per_node: int
+    inter_gbps: float | None
+    global_batch: int | None
+    suggestions: list[Suggestion]
+    final_plan: Plan
+    notes: list[str] = Field(default_factory=list)

@@ -1,0 +1,88 @@
+"""The records every stage passes along (plan, profile, recommendation), plus what they all need:
+the one error type, atomic JSON I/O and unit parsing. No stage logic lives here.
+"""
+
+from __future__ import annotations
+
+from autotune.records._base import Record
+from autotune.records._errors import AutotuneError
+from autotune.records._io import (
+    RecordT,
+    atomic_write_bytes,
+    atomic_write_text,
+    read_json,
+    read_record,
+    validate_record,
+    write_record,
+)
+from autotune.records._plan import (
+    AUTOCAST_PLAN_PRECISION,
+    Attention,
+    Offload,
+    Plan,
+    Precision,
+    format_plan,
+    parse_plan,
+)
+from autotune.records._profile import (
+    ActivationFit,
+    AtPeak,
+    BlockStack,
+    Capabilities,
+    Compute,
+    Environment,
+    MemoryBreakdown,
+    ModelInfo,
+    ModuleBytes,
+    NvmlSample,
+    ProfileConfig,
+    ProfileRecord,
+    Provenance,
+    Spread,
+    StepTime,
+    Throughput,
+)
+from autotune.records._recommendation import CodeChange, MeasuredPlan, Recommendation
+from autotune.records._units import format_bytes, format_count, parse_bytes, parse_count
+
+__all__ = [
+    "AUTOCAST_PLAN_PRECISION",
+    "ActivationFit",
+    "AtPeak",
+    "Attention",
+    "AutotuneError",
+    "BlockStack",
+    "Capabilities",
+    "CodeChange",
+    "Compute",
+    "Environment",
+    "MeasuredPlan",
+    "MemoryBreakdown",
+    "ModelInfo",
+    "ModuleBytes",
+    "NvmlSample",
+    "Offload",
+    "Plan",
+    "Precision",
+    "ProfileConfig",
+    "ProfileRecord",
+    "Provenance",
+    "Recommendation",
+    "Record",
+    "RecordT",
+    "Spread",
+    "StepTime",
+    "Throughput",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "format_bytes",
+    "format_count",
+    "format_plan",
+    "parse_bytes",
+    "parse_count",
+    "parse_plan",
+    "read_json",
+    "read_record",
+    "validate_record",
+    "write_record",
+]

@@ -1,0 +1,142 @@
+"""The plan record: every knob the method turns, shared by estimate, suggest, tune and config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from autotune.records._base import Record
+from autotune.records._errors import AutotuneError
+
+Precision = Literal["fp32", "amp_bf16", "amp_fp16", "bf16", "fp16"]
+"""``fp32``; ``amp_*``: torch autocast with fp32 parameters; ``bf16``/``fp16``:
+DeepSpeed-style 16-bit weights with an fp32 master copy in the optimizer."""
+
+AUTOCAST_PLAN_PRECISION: dict[str, Precision] = {
+    "fp32": "fp32",
+    "bf16": "amp_bf16",
+    "fp16": "amp_fp16",
+}
+"""The plan precision of ``autotune profile --precision`` (autocast dtype, fp32 weights)."""
+
+Offload = Literal["none", "cpu", "nvme"]
+Attention = Literal["default", "eager", "sdpa", "flash_attention_2"]
+
+
+class Plan(Record):
+    """One training configuration. Immutable; derive variants with :meth:`with_changes`.
+
+    ``checkpoint_blocks`` counts how many of the L blocks of the model's repeated
+    stack are checkpointed (Megatron's "block" method; L is what
+    ``gradient_checkpointing_enable()`` does).
+    """
+
+    precision: Precision = "fp32"
+    checkpoint_blocks: int = Field(0, ge=0, description="blocks of the stack checkpointed, 0..L")
+    micro_batch: int = Field(1, ge=1, description="samples per device per forward")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    offload_optimizer: Offload = "none"
+    offload_param: Offload = "none"
+    gpus_per_node: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1)
+    attention: Attention = "default"
+    compile: bool = False
+    dataloader_workers: int = Field(0, ge=0)
+    pin_memory: bool = False
+
+    @model_validator(mode="after")
+    def _check_offload(self) -> Plan:
+        if self.offload_param != "none" and self.zero_stage != 3:
+            raise ValueError("offload_param needs zero_stage 3")
+        if self.offload_optimizer != "none" and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel devices in all."""
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: micro-batch x accumulation x world size."""
+        return self.micro_batch * self.grad_accum * self.world_size
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        """Whether running this plan needs a DeepSpeed engine."""
+        return (
+            self.zero_stage > 0
+            or self.precision in ("bf16", "fp16")
+            or self.offload_optimizer != "none"
+        )
+
+    def with_changes(self, **changes: object) -> Plan:
+        """A validated copy with some knobs changed."""
+        return Plan.model_validate({**self.model_dump(), **changes})
+
+    def describe(self) -> str:
+        """Short knob string, the same syntax :func:`parse_plan` reads."""
+        return format_plan(self)
+
+
+_ALIASES = {
+    "stage": "zero_stage",
+    "zero": "zero_stage",
+    "mb": "micro_batch",
+    "micro_batch_size": "micro_batch",
+    "ga": "grad_accum",
+    "accum": "grad_accum",
+    "ckpt": "checkpoint_blocks",
+    "checkpoint": "checkpoint_blocks",
+    "gpus": "gpus_per_node",
+    "workers": "dataloader_workers",
+    "attn": "attention",
+}
+_SHORT = {value: key for key, value in _ALIASES.items() if key in ("stage", "mb", "ga", "ckpt")}
+
+
+def parse_plan(text: str, base: Plan | None = None, flag: str = "--plan") -> Plan:
+    """Read ``"stage=2,mb=4,ckpt=12,precision=bf16"`` into a plan, over ``base``.
+
+    Raises:
+        AutotuneError: naming the flag and the bad knob or value.
+    """
+    values = (base or Plan()).model_dump()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = item.partition("=")
+        name = _ALIASES.get(key.strip(), key.strip())
+        if not sep or name not in Plan.model_fields:
+            known = ", ".join(sorted(set(Plan.model_fields) | set(_ALIASES)))
+            raise AutotuneError(f"{flag}: unknown knob {key.strip()!r} (known: {known})")
+        raw = raw.strip()
+        values[name] = (
+            raw.lower() in ("1", "true", "yes", "on") if name in ("compile", "pin_memory") else raw
+        )
+    try:
+        return Plan.model_validate(values)
+    except ValueError as exc:
+        raise AutotuneError(f"{flag}: {text!r}: {_first_error(exc)}") from None
+
+
+def format_plan(plan: Plan) -> str:
+    """The knobs that differ from the defaults, as ``key=value`` pairs."""
+    default = Plan()
+    parts = []
+    for name in Plan.model_fields:
+        value = getattr(plan, name)
+        if name in ("precision", "micro_batch", "zero_stage") or value != getattr(default, name):
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            parts.append(f"{_SHORT.get(name, name)}={shown}")
+    return ",".join(parts)
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        return f"{loc}: {first['msg']}" if loc else str(first["msg"])
+    return str(exc)

@@ -1,0 +1,200 @@
+"""The profile record: what ``autotune profile`` measured, as a validated, versioned schema.
+
+Every figure is in bytes, seconds or FLOPs. ``None`` always means "not measured
+here" and comes with a reason in ``unavailable``; it is never a stand-in for 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from autotune.records._base import Record as _Record
+
+SCHEMA_VERSION = 1
+
+
+class ProfileConfig(_Record):
+    """The options the profile ran with."""
+
+    batch_size: int = Field(ge=1)
+    precision: Literal["fp32", "bf16", "fp16"] = Field(description="autocast dtype; fp32 = none")
+    checkpointing: bool
+    steps: int = Field(ge=1, description="measured (timed) steps")
+    warmup: int = Field(ge=0, description="steps run first and dropped")
+    device: str = Field(description="torch device type the steps ran on: cpu or cuda")
+
+
+class BlockStack(_Record):
+    """The model's repeated stack of blocks (e.g. transformer layers)."""
+
+    path: str = Field(description="dotted name of the ModuleList, e.g. model.layers")
+    count: int = Field(ge=1, description="L, the number of blocks")
+    block_class: str
+
+
+class ModelInfo(_Record):
+    """What the model is, counted from its parameters."""
+
+    class_name: str
+    parameters: int = Field(ge=0, description="all parameters, shared storages once")
+    trainable_parameters: int = Field(ge=0)
+    embedding_parameters: int = Field(0, ge=0, description="input embedding tables (no FLOPs)")
+    largest_layer_parameters: int = Field(0, ge=0, description="largest single module's own params")
+    block_stack: BlockStack | None = None
+    tokens_per_sample: int | None = Field(None, description="from input_ids or TOKENS_PER_SAMPLE")
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_layers: int | None = None
+    attention: str | None = Field(
+        None, description="attention implementation of a transformers model (eager, sdpa, ...)"
+    )
+
+
+class ModuleBytes(_Record):
+    """Activation bytes saved for backward inside one module."""
+
+    module: str
+    bytes: int = Field(ge=0)
+
+
+class ActivationFit(_Record):
+    """Activations as fixed + per-sample parts, measured at two batch sizes.
+
+    ``bytes(b) = fixed + per_sample * b`` for the whole step and for one block
+    of the stack; ``block_input_per_sample`` is what a checkpointed block keeps.
+    """
+
+    batch_sizes: tuple[int, int]
+    fixed: int
+    per_sample: float
+    block_fixed: int | None = None
+    block_per_sample: float | None = None
+    block_input_per_sample: float | None = None
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+
+class AtPeak(_Record):
+    """What was live at the moment of the peak; the parts add up to ``peak``."""
+
+    parameters: int = 0
+    buffers: int = 0
+    gradients: int = 0
+    optimizer_states: int = 0
+    activations: int = 0
+    autocast_weight_copies: int = 0
+    temporaries: int = 0
+
+
+class MemoryBreakdown(_Record):
+    """Memory by category (bytes)."""
+
+    parameters: int = Field(ge=0)
+    buffers: int = Field(0, ge=0)
+    gradients: int = Field(ge=0, description="follows the trainable parameters")
+    optimizer_states: int = Field(ge=0, description="read from the optimizer after one step")
+    activations: int = Field(ge=0, description="saved for backward, unique storages, no params")
+    autocast_weight_copies: int = Field(0, ge=0, description="16-bit weight copies autocast saves")
+    activations_by_module: list[ModuleBytes] = Field(default_factory=list)
+    activation_fit: ActivationFit | None = None
+    peak: int = Field(ge=0)
+    peak_source: Literal["cuda_max_allocated", "cpu_live_tensors"]
+    at_peak: AtPeak
+    cuda_reserved: int | None = None
+    process_rss: int | None = None
+    fits_judged_on: str = Field(description="which figure a budget check uses")
+
+
+class Spread(_Record):
+    """Distribution of the measured step times (seconds)."""
+
+    min: float
+    p25: float
+    median: float
+    p75: float
+    max: float
+
+
+class StepTime(_Record):
+    """Seconds per step, medians over the measured steps."""
+
+    step: float
+    dataloader: float
+    forward: float
+    backward: float
+    optimizer: float
+    spread: Spread
+    steps_measured: int
+
+
+class Throughput(_Record):
+    samples_per_s: float
+    tokens_per_s: float | None = None
+
+
+class Compute(_Record):
+    """FLOPs per step and utilisation."""
+
+    flops_per_step: float | None = Field(description="model FLOPs (no recomputation)")
+    hardware_flops_per_step: float | None = Field(None, description="with recomputation")
+    achieved_flops_per_s: float | None = None
+    peak_flops_per_s: float | None = None
+    peak_source: Literal["table", "measured_matmul"] | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    note: str | None = None
+
+
+class Capabilities(_Record):
+    """What the device can do, as the policy needs it."""
+
+    bf16_supported: bool
+    fp16_supported: bool
+    bf16_fp32_speed_ratio: float | None = Field(None, description=">1: bf16 matmul is faster")
+    sdpa_available: bool
+    flash_attn_available: bool
+    compute_capability: str | None = None
+
+
+class NvmlSample(_Record):
+    gpu_utilization_percent: float
+    memory_used_bytes: int
+    samples: int
+
+
+class Environment(_Record):
+    device_type: str
+    device_name: str
+    device_count: int
+    device_memory_bytes: int | None = None
+    torch_version: str
+    cuda_version: str | None = None
+    deepspeed_version: str | None = None
+    capabilities: Capabilities
+    nvml: NvmlSample | None = None
+    unavailable: dict[str, str] = Field(
+        default_factory=dict, description="field -> why it could not be measured here"
+    )
+
+
+class Provenance(_Record):
+    command: str
+    model_file: str
+    model_sha256: str
+    created_at: str
+    autotune_version: str
+
+
+class ProfileRecord(_Record):
+    """Everything one ``autotune profile`` run measured."""
+
+    schema_version: int = SCHEMA_VERSION
+    config: ProfileConfig
+    model: ModelInfo
+    memory: MemoryBreakdown
+    time: StepTime
+    throughput: Throughput
+    compute: Compute
+    environment: Environment
+    provenance: Provenance

@@ -1,0 +1,80 @@
+"""Interleaved A/B measurement of two plans with real training steps (what ``confirm`` injects)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from autotune.records import AutotuneError, Plan
+from autotune.runtime.modelfile import ModelFile
+from autotune.runtime.step import TrainRunner, runner_for_plan
+
+_PREFETCH_FACTOR = 2  # DataLoader's default: batches each worker keeps ready
+
+
+def measure(
+    model_file: ModelFile,
+    before: Plan,
+    after: Plan,
+    *,
+    device: str,
+    steps: int,
+    repeats: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """Interleaved A/B repeats of ``steps`` steps each; paired time ratios and mean losses.
+
+    Both arms are built from the same seed and read the same batches in the
+    same order, so their losses over the same steps are comparable.
+    """
+    if steps < 1 or repeats < 1:
+        raise AutotuneError("--steps and --repeats must be at least 1")
+    arms = (
+        runner_for_plan(model_file, before, device=device),
+        runner_for_plan(model_file, after, device=device),
+    )
+    # Workers fill their prefetch queue while the other arm runs; draining it untimed
+    # keeps a loader change from being credited with batches made in the other arm's turn.
+    # Both arms settle alike so they keep reading the same batches at the same steps.
+    settle = max(before.dataloader_workers, after.dataloader_workers) * _PREFETCH_FACTOR
+    try:
+        for arm in arms:
+            for _ in range(warmup):
+                arm.step()
+        times: tuple[list[float], list[float]] = ([], [])
+        losses: tuple[list[float], list[float]] = ([], [])
+        peaks: list[list[int]] = [[], []]
+        for repeat in range(repeats):
+            # Alternate which arm goes first so drift in machine load hits both alike.
+            for index in (0, 1) if repeat % 2 == 0 else (1, 0):
+                seconds, loss, peak = _block(arms[index], steps, settle)
+                times[index].append(seconds)
+                losses[index].extend(loss)
+                if peak is not None:
+                    peaks[index].append(peak)
+    finally:
+        for arm in arms:
+            arm.close()
+    return {
+        "ratios": [b / a for a, b in zip(*times, strict=True)],
+        "before_step_s": statistics.median(times[0]),
+        "after_step_s": statistics.median(times[1]),
+        "loss_before": statistics.fmean(losses[0]),
+        "loss_after": statistics.fmean(losses[1]),
+        "peak_bytes_before": max(peaks[0]) if peaks[0] else None,
+        "peak_bytes_after": max(peaks[1]) if peaks[1] else None,
+    }
+
+
+def _block(runner: TrainRunner, steps: int, settle: int) -> tuple[float, list[float], int | None]:
+    """Mean seconds per step over ``steps`` timed steps after ``settle`` untimed ones, losses, CUDA peak."""
+    for _ in range(settle):
+        runner.step()
+    cuda = runner.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(runner.device)
+    timings = [runner.step() for _ in range(steps)]
+    peak = int(torch.cuda.max_memory_allocated(runner.device)) if cuda else None
+    return statistics.fmean(t.total for t in timings), [t.loss for t in timings], peak

@@ -1,0 +1,245 @@
+"""The cost model's formulas against hand-computed values (ZeRO paper, METHOD.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import estimator as cm
+
+GB = 1e9
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected_gb"),
+    [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)],
+)
+def test_paper_floor_reproduces_the_zero_paper_example(stage: int, expected_gb: float) -> None:
+    # ZeRO paper, Figure 1: psi = 7.5B, N = 64, K = 12
+    floor = cm.paper_floor(7.5e9, stage, 64)
+    assert floor.total / GB == pytest.approx(expected_gb, abs=0.05)
+    assert floor.accounting == "paper"
+
+
+def test_method_section_6_figures() -> None:
+    # 16 psi for psi = 6.74B is ~108 GB; ZeRO-2 on 4 devices ~37 GB (model states only)
+    assert cm.paper_floor(6.74e9, 0, 1).total / GB == pytest.approx(107.84)
+    assert cm.paper_floor(6.74e9, 2, 4).total / GB == pytest.approx(37.07, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("stage", "n", "bytes_per_param"),
+    [
+        (1, 8, 2 + 2 + 16 / 8),  # optimizer states + fp32 gradient partition sharded
+        (2, 8, 2 + 18 / 8),  # DeepSpeed PR #5099 estimator
+        (2, 64, 2 + 18 / 64),
+        (3, 16, 18 / 16),  # plus the gathered largest layer, tested below
+    ],
+)
+def test_deepspeed_accounting_for_16bit_weights(stage: int, n: int, bytes_per_param: float) -> None:
+    psi = 1e9
+    states = cm.model_state_bytes(
+        parameters=psi, trainable=psi, precision="bf16", zero_stage=stage, world_size=n
+    )
+    assert states.total == pytest.approx(bytes_per_param * psi)
+    assert states.accounting == "deepspeed"
+
+
+def test_stage3_holds_four_bytes_per_parameter_of_the_largest_layer() -> None:
+    psi, largest = 1e9, 5e7
+    with_layer = cm.model_state_bytes(
+        parameters=psi,
+        trainable=psi,
+        precision="bf16",
+        zero_stage=3,
+        world_size=8,
+        largest_layer=largest,
+    )
+    without = cm.model_state_bytes(
+        parameters=psi, trainable=psi, precision="bf16", zero_stage=3, world_size=8
+    )
+    assert with_layer.total - without.total == pytest.approx(4 * largest)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp_bf16", "amp_fp16"])
+def test_plain_torch_adam_holds_16_bytes_per_parameter(precision: str) -> None:
+    states = cm.model_state_bytes(parameters=1e6, trainable=1e6, precision=precision)
+    assert (states.parameters, states.gradients, states.optimizer_states) == (4e6, 4e6, 8e6)
+    assert states.accounting == "torch"
+
+
+def test_frozen_parameters_carry_no_gradients_or_optimizer_state() -> None:
+    states = cm.model_state_bytes(parameters=1e6, trainable=2.5e5, precision="fp32")
+    assert states.parameters == 4e6
+    assert states.gradients == 1e6
+    assert states.optimizer_states == 2e6
+
+
+def test_measured_optimizer_state_replaces_adam_assumption() -> None:
+    sgd = cm.model_state_bytes(
+        parameters=1e6, trainable=1e6, precision="fp32", optimizer_bytes_per_param=4.0
+    )
+    assert sgd.optimizer_states == 4e6
+
+
+@pytest.mark.parametrize(
+    ("stage", "offload_param", "expected"),
+    [
+        (2, False, 2e9),  # DeepSpeed's zero2 estimator with cpu_offload: 16-bit weights only
+        (3, False, 2e9 / 4 + 4 * 5e7),  # zero3, optimizer offloaded: partition + largest layer
+        (3, True, 4 * 5e7),  # zero3, both offloaded: the largest layer gathered
+    ],
+)
+def test_offload_matches_deepspeed_estimators(
+    stage: int, offload_param: bool, expected: float
+) -> None:
+    states = cm.model_state_bytes(
+        parameters=1e9,
+        trainable=1e9,
+        precision="bf16",
+        zero_stage=stage,
+        world_size=4,
+        largest_layer=5e7,
+        offload_optimizer=True,
+        offload_param=offload_param,
+    )
+    assert states.optimizer_states == 0
+    assert states.total == pytest.approx(expected)
+
+
+FIG = cm.ActivationFigures(
+    fixed=1000.0,
+    per_sample=10_000.0,
+    blocks=4,
+    block_fixed=0.0,
+    block_per_sample=2000.0,
+    block_input_fixed=10.0,
+    block_input_per_sample=100.0,
+)
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "k", "expected"),
+    [
+        (1, 0, 11_000.0),
+        (3, 0, 31_000.0),
+        # each checkpointed block keeps 10 + 100 b instead of 2000 b
+        (3, 1, 31_000.0 - (6000.0 - 310.0)),
+        (3, 4, 31_000.0 - 4 * (6000.0 - 310.0)),
+    ],
+)
+def test_saved_activations_with_k_of_l_blocks_checkpointed(
+    micro_batch: int, k: int, expected: float
+) -> None:
+    assert cm.saved_activations(FIG, micro_batch, k) == pytest.approx(expected)
+
+
+def test_activation_peak_adds_one_recomputed_block_only_when_checkpointing() -> None:
+    assert cm.activation_peak(FIG, 2, 0) == cm.saved_activations(FIG, 2, 0)
+    assert cm.activation_peak(FIG, 2, 4) == pytest.approx(cm.saved_activations(FIG, 2, 4) + 4000.0)
+
+
+@pytest.mark.parametrize(
+    ("stage", "world", "accum", "elements"),
+    [
+        (0, 1, 1, 0.0),  # nothing to talk to
+        (0, 8, 4, 2.0),  # one all-reduce per optimizer step
+        (1, 8, 4, 2.0),
+        (2, 8, 1, 2.0),  # same volume as DP
+        (2, 8, 4, 5.0),  # reduce-scatter every micro-batch + one all-gather
+        (3, 8, 1, 3.0),  # 1.5 x DP
+        (3, 8, 4, 12.0),
+    ],
+)
+def test_communication_elements(stage: int, world: int, accum: int, elements: float) -> None:
+    assert cm.communication_elements(1.0, stage, world, accum) == elements
+
+
+def test_transfer_seconds_uses_gigabits() -> None:
+    assert cm.transfer_seconds(12.5e9, 100.0) == pytest.approx(1.0)
+    assert cm.transfer_seconds(1.0, None) is None
+    assert cm.transfer_seconds(0.0, None) == 0.0
+
+
+def test_offload_traffic_counts_gradients_down_and_weights_up() -> None:
+    traffic = cm.offload_bytes_per_step(
+        parameters=1e9,
+        trainable=1e9,
+        precision="bf16",
+        world_size=4,
+        grad_accum=2,
+        offload_optimizer=True,
+        offload_param=False,
+    )
+    assert traffic == pytest.approx((2 * 2 + 2) * 1e9 / 4)
+
+
+BASE = cm.BaselineTime(
+    dataloader=0.1,
+    forward=1.0,
+    backward=2.0,
+    optimizer=0.5,
+    micro_batch=4,
+    blocks=4,
+    block_share=0.8,
+)
+
+
+def test_step_seconds_of_the_baseline_is_its_own_step() -> None:
+    assert cm.step_seconds(BASE, micro_batch=4) == pytest.approx(BASE.step) == pytest.approx(3.6)
+
+
+def test_recompute_costs_the_forward_of_the_checkpointed_blocks() -> None:
+    # 2 of 4 blocks, the stack is 80 % of the forward: + 2 * 0.2 s
+    assert cm.step_seconds(BASE, micro_batch=4, checkpoint_blocks=2) == pytest.approx(4.0)
+
+
+def test_baseline_recompute_is_taken_out_before_scaling() -> None:
+    checkpointed = cm.BaselineTime(**{**BASE.__dict__, "backward": 2.8, "checkpoint_blocks": 4})
+    assert cm.step_seconds(checkpointed, micro_batch=4, checkpoint_blocks=0) == pytest.approx(3.6)
+
+
+def test_accumulation_and_optimizer_sharding() -> None:
+    seconds = cm.step_seconds(
+        BASE, micro_batch=2, grad_accum=2, optimizer_scale=0.25, extra_seconds=1.0
+    )
+    assert seconds == pytest.approx(2 * 1.55 + 0.125 + 1.0)
+
+
+def test_train_days_from_mfu() -> None:
+    per_token = cm.flops_per_token(1e9)
+    assert per_token == 6e9
+    rate = cm.tokens_per_second_at_mfu(0.5, 1e15, 8, per_token)
+    assert cm.train_days(rate * 86_400 * 3, rate) == pytest.approx(3.0)
+    assert cm.flops_per_token(1e9, layers=2, hidden=10, seq_len=100) == 6e9 + 12 * 2 * 10 * 100
+
+
+@pytest.mark.parametrize(
+    ("stage", "precision", "bytes_per_element"),
+    [
+        (0, "bf16", 0),  # no ZeRO optimizer, no buckets
+        (1, "fp32", 2 * 4),  # two buckets (overlap_comm) in the weights' dtype
+        (2, "bf16", 2 * 2),
+        (2, "amp_bf16", 2 * 2 * 4),  # fp32 and bf16 communication buckets, both fp32 at 1-2
+        (3, "bf16", 2),  # one bucket per communication dtype, in that dtype
+        (3, "amp_fp16", 4 + 2),
+    ],
+)
+def test_zero_bucket_bytes(stage: int, precision: str, bytes_per_element: int) -> None:
+    got = cm.zero_bucket_bytes(zero_stage=stage, bucket_elements=1000, precision=precision)
+    assert got == 1000 * bytes_per_element
+
+
+def test_one_bucket_without_overlap_comm() -> None:
+    got = cm.zero_bucket_bytes(
+        zero_stage=2, bucket_elements=1000, precision="fp16", overlap_comm=False
+    )
+    assert got == 1000 * 2
+
+
+def test_deepspeed_fp32_gradient_partition_exists_only_in_the_step() -> None:
+    kw = {"parameters": 1e6, "trainable": 1e6, "precision": "bf16", "world_size": 4}
+    two = cm.model_state_bytes(zero_stage=2, **kw)  # type: ignore[arg-type]
+    assert two.step_gradients == 4 * 1e6 / 4
+    assert two.gradients - two.step_gradients == 2 * 1e6 / 4
+    three = cm.model_state_bytes(zero_stage=3, **kw)  # type: ignore[arg-type]
+    assert three.step_gradients == 0.0  # stage 3 holds its fp32 partition throughout

@@ -1,0 +1,304 @@
+"""The estimator: a profile's own plan comes back as measured; other plans move as the model says."""
+
+from __future__ import annotations
+
+import pytest
+from _profiles import HAND_L as L
+from _profiles import HAND_P as P
+from _profiles import hand_profile as make_profile
+
+from autotune.estimator import (
+    ActivationSpec,
+    EstimateRecord,
+    ModelFacts,
+    estimate,
+    estimate_plan,
+    facts_from_profile,
+    fit_step_time,
+    plan_grid,
+)
+from autotune.records import AtPeak, Plan, ProfileRecord
+
+
+@pytest.mark.parametrize(
+    "at_peak",
+    [
+        None,  # peak at the start of backward
+        AtPeak(
+            parameters=4 * P, gradients=4 * P, optimizer_states=8 * P, temporaries=300_000
+        ),  # optimizer step
+    ],
+)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_estimate_on_the_profiled_plan_equals_the_profile(
+    at_peak: AtPeak | None, checkpointing: bool
+) -> None:
+    record = make_profile(at_peak=at_peak, checkpointing=checkpointing)
+    facts = facts_from_profile(record)
+    assert facts.baseline is not None
+    result = estimate_plan(facts, facts.baseline.plan)
+    assert result.memory.peak == record.memory.peak
+    assert result.predicted_step_time_ratio == pytest.approx(1.0)
+    assert result.source == "measured"
+    assert result.accounting == "torch"
+
+
+def test_facts_from_profile_reads_the_profiled_plan() -> None:
+    facts = facts_from_profile(make_profile(checkpointing=True))
+    assert facts.baseline is not None
+    assert facts.baseline.plan.checkpoint_blocks == L
+    assert facts.baseline.plan.micro_batch == 4
+    assert facts.optimizer_bytes_per_param == 8.0
+    assert facts.optimizer_source == "measured"
+    assert facts.activations["fp32"].per_sample == 998_000.0
+
+
+def test_doubling_the_micro_batch_adds_the_per_sample_activations_and_temporaries() -> None:
+    facts = facts_from_profile(make_profile())
+    base = estimate_plan(facts, Plan(micro_batch=4))
+    double = estimate_plan(facts, Plan(micro_batch=8))
+    act4, act8 = 8_000 + 4 * 998_000, 8_000 + 8 * 998_000
+    # the measured activations scale by the model's ratio, the loss's temporaries per sample
+    expected = base.memory.peak + 4_000_000 * (act8 / act4 - 1) + 400_000
+    assert double.memory.peak == pytest.approx(expected, abs=2)
+    assert double.memory.activations == act8
+
+
+def test_accumulation_keeps_the_earlier_micro_batches_gradients_live_in_backward() -> None:
+    facts = facts_from_profile(make_profile())  # peaks at the start of backward, no gradients
+    one = estimate_plan(facts, Plan(micro_batch=4))
+    two = estimate_plan(facts, Plan(micro_batch=4, grad_accum=2))
+    # plain torch creates gradients in the first backward: the last one starts with all of them
+    assert two.memory.peak == pytest.approx(one.memory.peak + 4 * P, abs=2)
+
+
+def test_a_zero2_plan_peaks_with_deepspeeds_gradient_buckets_in_backward() -> None:
+    from autotune.estimator import bucket_elements
+
+    facts = facts_from_profile(make_profile())  # fp32 torch profile peaking in backward
+    est = estimate_plan(facts, Plan(zero_stage=2, micro_batch=4, gpus_per_node=2)).memory
+    buckets = 2 * 4 * bucket_elements(P)  # two fp32 buckets (overlap_comm), sized to the model
+    assert buckets == 8_000_000
+    assert est.temporaries == 400_000 + buckets
+    # weights 4P; this rank's fp32 gradient share 2P (the fp32 partition exists only in the
+    # step); master + Adam sharded (4 + 8) P / 2; the profile's activations and temporaries
+    assert est.peak == pytest.approx(4 * P + 128 + 2 * P + 6 * P + 4_000_000 + 400_000 + buckets)
+    assert "ZeRO gradient buckets of 8,000,000 bytes" in est.peak_composition
+
+
+@pytest.mark.parametrize(("stage", "at_step"), [(1, 0.0), (2, 0.0), (3, 4.0 * 1_000_000)])
+def test_stage_1_2_buckets_are_gone_at_the_optimizer_step_stage_3_keeps_its_own(
+    stage: int, at_step: float
+) -> None:
+    from autotune.estimator import moments
+
+    facts = facts_from_profile(make_profile())
+    live, _, _ = moments(facts, Plan(zero_stage=stage, micro_batch=4, gpus_per_node=2))
+    assert live["optimizer"]["temporaries"] == at_step
+    assert live["backward"]["temporaries"] == (4.0 if stage == 3 else 8.0) * 1_000_000
+
+
+def test_checkpointing_all_blocks_keeps_inputs_and_one_recomputed_block() -> None:
+    facts = facts_from_profile(make_profile())
+    full = estimate_plan(facts, Plan(micro_batch=4)).memory.activations
+    ckpt = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=L)).memory.activations
+    assert ckpt == full - L * (800_000 - 40_000) + 800_000
+
+
+def test_a_peak_at_the_optimizer_step_stays_there_while_activations_are_small() -> None:
+    at_peak = AtPeak(parameters=4 * P, gradients=4 * P, optimizer_states=8 * P)
+    facts = facts_from_profile(make_profile(at_peak=at_peak))
+    small = estimate_plan(facts, Plan(micro_batch=2))
+    assert small.memory.peak == 16 * P
+    assert small.memory.peak_composition.startswith("optimizer")
+    # a large micro-batch moves the peak to the start of backward
+    large = estimate_plan(facts, Plan(micro_batch=64))
+    assert large.memory.peak_composition.startswith("backward")
+    assert large.memory.peak > 16 * P
+
+
+def test_time_ratio_counts_recompute_and_accumulation() -> None:
+    facts = facts_from_profile(make_profile())
+    half_accum = estimate_plan(facts, Plan(micro_batch=2, grad_accum=2))
+    # same samples per step: data, forward and backward unchanged, one optimizer step
+    assert half_accum.predicted_step_time_ratio == pytest.approx(1.0)
+    ckpt = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=L))
+    assert ckpt.predicted_step_time_ratio is not None
+    assert 1.0 < ckpt.predicted_step_time_ratio <= 1.3  # at most one more forward (0.3 s of 1 s)
+
+
+def test_another_precision_has_no_measured_time_but_formula_activations() -> None:
+    facts = facts_from_profile(make_profile())
+    result = estimate_plan(facts, Plan(micro_batch=4, precision="bf16"))
+    assert result.predicted_step_time_ratio is None
+    assert result.source == "formula"
+    assert result.accounting == "deepspeed"
+    assert any("precision" in note for note in result.notes)
+
+
+def test_fits_against_a_budget_with_the_margin() -> None:
+    facts = facts_from_profile(make_profile())
+    peak = estimate_plan(facts, Plan(micro_batch=4)).memory.peak
+    budget = int(peak / 0.9) + 10
+    fits = estimate_plan(facts, Plan(micro_batch=4), device_memory=budget, margin=0.1)
+    assert fits.fits is True
+    assert fits.headroom_bytes is not None and 0 <= fits.headroom_bytes < 20
+    tight = estimate_plan(facts, Plan(micro_batch=4), device_memory=budget - 20, margin=0.1)
+    assert tight.fits is False
+    assert estimate_plan(facts, Plan(micro_batch=4)).fits is None
+
+
+def test_communication_per_step_for_zero_stages() -> None:
+    facts = facts_from_profile(make_profile())
+    plan = Plan(micro_batch=4, zero_stage=3, gpus_per_node=8, grad_accum=2, precision="bf16")
+    result = estimate_plan(facts, plan, intra_gbps=800.0)
+    assert result.communication_bytes_per_step == 3 * P * 2 * 2
+    assert result.communication_seconds == pytest.approx(12 * P / 100e9)
+    single = estimate_plan(facts, Plan(micro_batch=4))
+    assert single.communication_bytes_per_step == 0
+
+
+def traced_facts() -> ModelFacts:
+    spec = ActivationSpec(
+        fixed=0, per_sample=1e9, block_per_sample=2e8, block_input_per_sample=1e7, source="traced"
+    )
+    return ModelFacts(
+        name="traced",
+        parameters=7_000_000_000,
+        trainable_parameters=7_000_000_000,
+        embedding_parameters=130_000_000,
+        largest_layer_parameters=130_000_000,
+        num_layers=4,
+        block_parameters=1_700_000_000,
+        hidden_size=4096,
+        seq_len=4096,
+        activations={"bf16": spec},
+    )
+
+
+def test_estimate_record_with_claim_and_train_days() -> None:
+    facts = traced_facts()
+    plans = [Plan(precision="bf16", zero_stage=stage, gpus_per_node=4) for stage in (0, 2, 3)]
+    record = estimate(
+        facts,
+        plans,
+        device_memory=80 * 10**9,
+        train_tokens=300 * 10**9,
+        mfu=0.4,
+        peak_flops=312e12,
+        claim=(plans[1], 17_200_000_000),
+    )
+    assert isinstance(record, EstimateRecord)
+    assert [p.memory.peak for p in record.plans] == sorted(
+        (p.memory.peak for p in record.plans), reverse=True
+    )
+    assert all(p.time_source == "formula" for p in record.plans)
+    assert record.plans[0].train_days == pytest.approx(record.plans[1].train_days)
+    assert record.check is not None
+    assert record.check.possible is False
+    assert record.check.floor_bytes == pytest.approx((2 + 14 / 4) * 7e9, rel=1e-6)
+    assert "impossible" in record.check.explanation
+
+
+def test_claim_above_the_floor_is_possible() -> None:
+    facts = traced_facts()
+    plan = Plan(precision="bf16", zero_stage=3, gpus_per_node=8)
+    record = estimate(facts, [plan], claim=(plan, 15 * 10**9))
+    assert record.check is not None and record.check.possible
+    assert record.check.floor_bytes == pytest.approx(16 * 7e9 / 8)
+
+
+def test_plan_grid_keeps_samples_per_device_and_covers_the_knobs() -> None:
+    facts = traced_facts()
+    grid = plan_grid(facts, Plan(micro_batch=8, gpus_per_node=2))
+    assert {p.micro_batch * p.grad_accum for p in grid} == {8}
+    assert {p.zero_stage for p in grid} == {0, 1, 2, 3}
+    assert {p.checkpoint_blocks for p in grid} == {0, 2, 4}
+    assert {p.precision for p in grid} == {"fp32", "amp_bf16", "bf16"}
+    assert len(set(grid)) == len(grid)
+
+
+def test_profile_without_a_fit_still_estimates_its_own_plan() -> None:
+    record = make_profile(fit=False)
+    facts = facts_from_profile(record)
+    assert facts.activations["fp32"].per_sample == record.memory.activations / 4
+    assert estimate_plan(facts, Plan(micro_batch=4)).memory.peak == record.memory.peak
+
+
+def _with_time(record: ProfileRecord, **time: float) -> ProfileRecord:
+    return record.model_copy(update={"time": record.time.model_copy(update=time)})
+
+
+def test_second_batch_size_fits_the_fixed_time_per_micro_batch() -> None:
+    base = make_profile(batch=4)
+    # at batch 2 the phases take 0.2/0.35 s, not half of 0.3/0.55: 0.1 s and 0.15 s are fixed
+    half = _with_time(make_profile(batch=2), dataloader=0.05, forward=0.2, backward=0.35)
+    facts = fit_step_time(facts_from_profile(base), half)
+    assert facts.baseline is not None
+    assert facts.baseline.forward_fixed == pytest.approx(0.1)
+    assert facts.baseline.backward_fixed == pytest.approx(0.15)
+    assert facts.baseline.dataloader_fixed == pytest.approx(0.05)
+    # batch 8: 0.05 + (0.1 + 0.4) + (0.15 + 0.8) + optimizer 0.1 = 1.6 s, step 1.0 s
+    ratio = estimate_plan(facts, Plan(micro_batch=8)).predicted_step_time_ratio
+    assert ratio == pytest.approx(1.6)
+    assert estimate_plan(
+        facts_from_profile(base), Plan(micro_batch=8)
+    ).predicted_step_time_ratio == pytest.approx(1.9)
+
+
+def test_profile_with_checkpointing_measures_the_recompute_cost() -> None:
+    base = make_profile(batch=4)
+    ckpt = _with_time(make_profile(batch=4, checkpointing=True), forward=0.3, backward=0.79)
+    facts = fit_step_time(facts_from_profile(base), ckpt)
+    assert facts.baseline is not None
+    assert facts.baseline.recompute_share == pytest.approx(0.24 / (L * 0.3))
+    half = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=2)).predicted_step_time_ratio
+    assert half == pytest.approx(1.12)
+
+
+def test_checkpoint_overhead_beyond_the_recomputed_forward_is_fixed_per_block() -> None:
+    base = make_profile(batch=4)  # blocks hold ~0.8 of the forward: ~0.06 s a block at batch 4
+    ckpt = _with_time(make_profile(batch=4, checkpointing=True), forward=0.3, backward=0.95)
+    facts = fit_step_time(facts_from_profile(base), ckpt)
+    assert facts.baseline is not None
+    # 0.1 s a block measured: 0.06 s recompute (grows with the batch) + 0.04 s fixed
+    assert facts.baseline.recompute_share == pytest.approx(0.2, rel=0.01)
+    assert facts.baseline.recompute_fixed == pytest.approx(0.04, rel=0.01)
+    same = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=L)).predicted_step_time_ratio
+    assert same == pytest.approx(1.4)  # the checkpointed profile itself
+    half = estimate_plan(facts, Plan(micro_batch=2, checkpoint_blocks=L)).predicted_step_time_ratio
+    # data 0.025 + forward 0.15 + backward 0.275 + 4 x (0.2 x 0.15 + 0.04) + optimizer 0.1
+    assert half == pytest.approx(0.83, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        make_profile(batch=2, checkpointing=True),  # two knobs differ
+        make_profile(batch=4),  # nothing differs
+    ],
+)
+def test_fit_step_time_rejects_profiles_that_differ_in_more_or_less_than_one_knob(
+    other: ProfileRecord,
+) -> None:
+    with pytest.raises(ValueError, match="differ"):
+        fit_step_time(facts_from_profile(make_profile(batch=4)), other)
+
+
+def test_a_checkpointed_profile_peaking_in_a_recompute_is_rescaled_there() -> None:
+    # what MemTracker shows while block 0 is recomputed: most gradients, the recomputed
+    # block's tensors under temporaries, only the kept inputs as activations
+    at_peak = AtPeak(
+        parameters=4 * P,
+        optimizer_states=8 * P,
+        gradients=3 * P,
+        activations=40_000,
+        temporaries=900_000,
+    )
+    facts = facts_from_profile(make_profile(checkpointing=True, at_peak=at_peak))
+    same = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=L))
+    assert same.memory.peak == 15 * P + 940_000
+    assert same.memory.peak_composition.startswith("recompute (measured")
+    double = estimate_plan(facts, Plan(micro_batch=8, checkpoint_blocks=L))
+    # one block's input + one block at b=8 over the same at b=4: the live tensors double
+    assert double.memory.peak == pytest.approx(15 * P + 2 * 940_000, abs=2)

@@ -1,0 +1,188 @@
+"""Memory accounting: exact model-state bytes, saved activations, the breakdown at the peak."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _models import mlp_stack
+from torch import nn
+
+from autotune.records import ProfileRecord
+from autotune.runtime import memory as mem
+from autotune.runtime.modelfile import load_model_file
+from autotune.runtime.profiler import profile
+
+TIED = """
+import torch
+from torch import nn
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.frozen = nn.Linear(16, 16)
+        self.frozen.requires_grad_(False)
+        self.mid = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 50)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.mid(self.frozen(self.emb(ids))))
+
+
+def build_model():
+    return Tied()
+
+
+def build_batch(batch_size):
+    return {"ids": torch.randint(0, 50, (batch_size, 8))}
+
+
+def loss_fn(model, batch):
+    logits = model(batch["ids"])
+    return nn.functional.cross_entropy(logits.reshape(-1, 50), batch["ids"].reshape(-1))
+"""
+
+# Small weights, wide batch: activations dominate, as in the issue's bf16 test.
+WIDE = mlp_stack()
+
+
+def _profile(path: Path, batch: int, **options: object) -> ProfileRecord:
+    return profile(path, batch_size=batch, steps=1, warmup=0, device="cpu", **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def wide(tmp_path: Path) -> Path:
+    path = tmp_path / "wide.py"
+    path.write_text(WIDE)
+    return path
+
+
+def _assert_peak_adds_up(record: ProfileRecord) -> None:
+    assert mem.at_peak_total(record.memory.at_peak) == record.memory.peak
+    assert record.memory.peak >= record.memory.parameters
+
+
+def test_model_state_bytes_are_exact_with_frozen_and_tied_weights(tmp_path: Path) -> None:
+    path = tmp_path / "tied.py"
+    path.write_text(TIED)
+    record = _profile(path, 4)
+    all_params = 50 * 16 + (16 * 16 + 16) * 2 + 50  # tied head weight once; head bias
+    trainable = 50 * 16 + (16 * 16 + 16) + 50  # the frozen layer has no gradient or state
+    trainable_tensors = 4  # emb/head weight, mid weight, mid bias, head bias
+    assert record.model.parameters == all_params
+    assert record.model.trainable_parameters == trainable
+    assert record.memory.parameters == 4 * all_params
+    assert record.memory.gradients == 4 * trainable
+    # AdamW: exp_avg and exp_avg_sq per element, plus one fp32 step scalar per tensor.
+    assert record.memory.optimizer_states == 2 * 4 * trainable + 4 * trainable_tensors
+    _assert_peak_adds_up(record)
+
+
+def _independent_saved_bytes(model: nn.Module, run: object) -> int:
+    """numel x element size of each distinct saved storage, parameters left out."""
+    params = {p.data_ptr() for p in model.parameters()}
+    sizes: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor.untyped_storage()
+        if tensor.data_ptr() not in params and base.data_ptr() not in params:
+            sizes[base.data_ptr()] = base.size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()  # type: ignore[operator]
+    return sum(sizes.values())
+
+
+@pytest.mark.parametrize(
+    "example", ["mlp_dataloader.py", pytest.param("tiny_llama.py", marks=pytest.mark.slow)]
+)
+def test_activation_bytes_match_an_independent_count(examples_dir: Path, example: str) -> None:
+    record = _profile(examples_dir / example, 2)
+    loaded = load_model_file(examples_dir / example)
+    torch.manual_seed(0)
+    model = loaded.build_model()
+    batch = next(loaded.batches(2))
+    expected = _independent_saved_bytes(model, lambda: loaded.loss(model, batch))
+    assert record.memory.activations == pytest.approx(expected, rel=0.01)
+    by_module = sum(part.bytes for part in record.memory.activations_by_module)
+    assert by_module == record.memory.activations
+    _assert_peak_adds_up(record)
+
+
+def test_activations_grow_with_batch_and_fit_is_linear(wide: Path) -> None:
+    small, large = _profile(wide, 8), _profile(wide, 64)
+    assert large.memory.activations > small.memory.activations
+    fit = large.memory.activation_fit
+    assert fit is not None and fit.per_sample > 0
+    assert fit.fixed + fit.per_sample * 64 == pytest.approx(large.memory.activations, rel=0.01)
+    assert fit.fixed + fit.per_sample * 8 == pytest.approx(small.memory.activations, rel=0.01)
+    assert fit.block_per_sample is not None and fit.block_per_sample > 0
+    assert fit.block_input_per_sample == 32 * 4  # one fp32 row of width 32 enters block 0
+
+
+def test_bf16_autocast_saves_fewer_activations_and_reports_weight_copies(wide: Path) -> None:
+    fp32, bf16 = _profile(wide, 512), _profile(wide, 512, precision="bf16")
+    assert bf16.memory.activations < fp32.memory.activations
+    assert fp32.memory.autocast_weight_copies == 0
+    # Each Linear weight is saved as a bf16 copy (for the input's gradient), except the
+    # first one: its input (the batch) needs no gradient.
+    weights = 3 * (32 * 64 + 64 * 32) + 32 - 64 * 32
+    assert bf16.memory.autocast_weight_copies == 2 * weights
+    _assert_peak_adds_up(bf16)
+
+
+def test_checkpointing_saves_fewer_activations(wide: Path) -> None:
+    off, on = _profile(wide, 64), _profile(wide, 64, checkpointing=True)
+    assert on.memory.activations < off.memory.activations
+    blocks = {p.module: p.bytes for p in on.memory.activations_by_module if p.module != "other"}
+    # A checkpointed block keeps only its input: one (64, 32) fp32 tensor.
+    assert blocks == {f"blocks.{i}": 64 * 32 * 4 for i in range(3)}
+    assert on.compute.hardware_flops_per_step > on.compute.flops_per_step  # type: ignore[operator]
+    assert on.compute.flops_per_step == off.compute.flops_per_step
+    _assert_peak_adds_up(on)
+
+
+def test_track_peak_parts_add_up_and_cover_the_states() -> None:
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 64)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with mem.track_peak(model, optimizer, torch.device("cpu")) as (_, out):
+        model(torch.randn(32, 64)).sum().backward()
+        optimizer.step()
+    result = out[0]
+    assert result.source == "cpu_live_tensors"
+    assert mem.at_peak_total(result.at_peak) == result.peak
+    params = mem.parameter_bytes(model)
+    assert result.at_peak.parameters == params
+    assert result.peak >= params + mem.optimizer_state_bytes(optimizer)
+
+
+def test_is_weight_cast_finds_autocast_copies_only() -> None:
+    layer = nn.Linear(8, 8)
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor)
+        return tensor
+
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        layer(torch.randn(4, 8, requires_grad=True))
+    casts = [t for t in saved if mem.is_weight_cast(t)]
+    assert casts and all(t.dtype == torch.bfloat16 for t in casts)
+    assert all(sorted(t.shape) == [8, 8] for t in casts)
+    assert any(not mem.is_weight_cast(t) for t in saved)  # the input is not a weight copy
+
+
+def test_unique_bytes_counts_shared_storage_once() -> None:
+    base = torch.zeros(100)
+    assert mem.unique_bytes([base, base[:10], base.view(10, 10)]) == 400

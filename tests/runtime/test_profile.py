@@ -1,0 +1,203 @@
+"""`autotune profile` end to end: the record, the CLI, time split, FLOPs, and --help without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.records import ProfileRecord
+from autotune.runtime import device as dev
+from autotune.runtime.blocks import apply_checkpointing, checkpointed_blocks, find_block_stack
+from autotune.runtime.modelfile import load_model_file
+from autotune.runtime.profiler import _FLOP_FORMULAS, profile
+from autotune.runtime.step import TrainRunner
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_json_output_is_only_the_record_and_matches_the_file(
+    examples_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "p.json"
+    args = ["profile", str(examples_dir / "mlp_dataloader.py"), "-b", "8", "--steps", "3"]
+    result = CliRunner().invoke(
+        app, [*args, "--warmup", "1", "--device", "cpu", "--out", str(out), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    record = ProfileRecord.model_validate_json(result.stdout)
+    assert ProfileRecord.model_validate_json(out.read_text()) == record
+    assert record.config.batch_size == 8 and record.time.steps_measured == 3
+    assert record.model.block_stack is not None and record.model.block_stack.path == "blocks"
+    assert record.model.block_stack.count == 4
+    assert record.environment.nvml is None and "nvml" in record.environment.unavailable
+    assert record.compute.peak_source == "measured_matmul"
+    assert (
+        record.provenance.model_sha256 == load_model_file(examples_dir / "mlp_dataloader.py").sha256
+    )
+    assert "mlp_dataloader.py" in record.provenance.command
+    parts = record.time
+    assert parts.spread.min <= parts.step <= parts.spread.max
+    assert (
+        parts.dataloader + parts.forward + parts.backward + parts.optimizer
+        <= parts.spread.max * 1.01
+    )
+
+
+def test_table_output_names_the_sources(examples_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    args = ["profile", str(examples_dir / "mlp_dataloader.py"), "-b", "4", "--steps", "2"]
+    result = CliRunner().invoke(app, [*args, "--warmup", "0", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "measured matmul" in result.stdout and "cpu_live_tensors" in result.stdout
+    assert out.exists()
+
+
+def test_bad_options_exit_2(examples_dir: Path, tmp_path: Path) -> None:
+    model = str(examples_dir / "mlp_dataloader.py")
+    missing_dir = tmp_path / "nope" / "p.json"
+    result = CliRunner().invoke(app, ["profile", model, "-b", "2", "--out", str(missing_dir)])
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+    if not torch.cuda.is_available():
+        result = CliRunner().invoke(app, ["profile", model, "-b", "2", "--device", "cuda"])
+        assert result.exit_code == 2 and "--device cuda: CUDA is not available" in result.stderr
+    result = CliRunner().invoke(app, ["profile", model, "-b", "0"])
+    assert result.exit_code == 2
+
+
+def test_slow_input_shows_data_loading_as_the_largest_share(examples_dir: Path) -> None:
+    record = profile(examples_dir / "slow_input.py", batch_size=16, steps=5, warmup=1, device="cpu")
+    time = record.time
+    assert time.dataloader > max(time.forward, time.backward, time.optimizer)
+    assert time.dataloader > 0.5 * time.step
+
+
+def test_cpu_sdpa_flops_are_counted() -> None:
+    b, h, s, d = 2, 4, 64, 16
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+    with counter:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    forward = counter.get_total_flops()
+    assert forward == 4 * b * h * s * s * d  # QK^T and AV, 2 FLOPs per multiply-add
+    with counter:
+        out.sum().backward()
+    assert counter.get_total_flops() > 2 * forward
+    plain = FlopCounterMode(display=False)
+    with plain:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert plain.get_total_flops() == 0  # the gap the mapping fills
+
+
+def test_checkpointing_keeps_the_numbers_and_unwraps(examples_dir: Path) -> None:
+    loaded = load_model_file(examples_dir / "mlp_dataloader.py")
+    losses = []
+    for blocks in (0, 4, 2):
+        runner = TrainRunner(loaded, device="cpu", micro_batch=8, checkpoint_blocks=blocks)
+        assert checkpointed_blocks(runner.model) == blocks
+        losses.append([runner.step().loss for _ in range(2)])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) == losses[2]
+    apply_checkpointing(runner.model, 0)
+    assert checkpointed_blocks(runner.model) == 0
+    found = find_block_stack(runner.model)
+    assert found is not None and "forward" not in found[1][0].__dict__
+
+
+def test_grad_accum_runs_micro_batches(examples_dir: Path) -> None:
+    loaded = load_model_file(examples_dir / "slow_input.py")
+    calls = []
+    original = loaded.move
+
+    def counting_move(batch: object, device: object, non_blocking: bool = False) -> object:
+        calls.append(1)
+        return original(batch, device, non_blocking)  # type: ignore[arg-type]
+
+    loaded.move = counting_move  # type: ignore[method-assign]
+    runner = TrainRunner(loaded, device="cpu", micro_batch=2, grad_accum=3)
+    timing = runner.step()
+    assert len(calls) == 3 and timing.total >= timing.forward + timing.backward
+
+
+@pytest.mark.slow
+def test_tiny_llama_profile(examples_dir: Path) -> None:
+    record = profile(
+        examples_dir / "tiny_llama.py",
+        batch_size=2,
+        steps=2,
+        warmup=1,
+        device="cpu",
+        checkpointing=True,
+    )
+    model = record.model
+    assert model.block_stack is not None
+    assert (model.block_stack.path, model.block_stack.count) == ("model.layers", 4)
+    assert model.attention == "sdpa"  # the example asks for it; the policy reads it
+    assert model.tokens_per_sample == 128 and model.hidden_size == 128
+    names = [part.module for part in record.memory.activations_by_module]
+    assert {f"model.layers.{i}" for i in range(4)} <= set(names)
+    tokens = 2 * 128
+    non_embedding = model.parameters - model.embedding_parameters
+    compute = record.compute
+    assert compute.flops_per_step is not None and compute.hardware_flops_per_step is not None
+    # Linear layers alone give ~6 FLOPs per parameter per token; attention adds to it.
+    assert compute.flops_per_step >= 0.9 * 6 * non_embedding * tokens
+    assert compute.hardware_flops_per_step > compute.flops_per_step
+    assert record.throughput.tokens_per_s == pytest.approx(record.throughput.samples_per_s * 128)
+
+
+def test_peak_flops_table_and_unknown_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dev, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert dev.peak_flops(cuda, "bf16") == (989e12, "table", None)
+    monkeypatch.setattr(dev, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
+    assert dev.peak_flops(cuda, "bf16")[0] == 312e12
+    monkeypatch.setattr(dev, "device_name", lambda device: "Mystery GPU")
+    value, source, reason = dev.peak_flops(cuda, "bf16")
+    assert value is None and source is None and reason and "Mystery GPU" in reason
+
+
+def test_nvml_sampler_on_cpu_gives_none_with_reason() -> None:
+    with dev.NvmlSampler(torch.device("cpu")) as sampler:
+        pass
+    assert sampler.result() is None and sampler.reason and "cpu" in sampler.reason
+
+
+_NO_TORCH = (
+    "import sys; sys.modules['torch'] = None; sys.argv = ['autotune'] + sys.argv[1:];"
+    "from autotune.cli import main; main()"
+)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["profile", "--help"]])
+def test_help_and_version_run_without_torch(args: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ("autotune" in result.stdout) and "Traceback" not in result.stderr
+
+
+@pytest.mark.gpu
+def test_cuda_profile_uses_allocator_peak_and_nvml(examples_dir: Path) -> None:
+    record = profile(examples_dir / "tiny_llama.py", batch_size=4, steps=3, warmup=1, device="cuda")
+    memory = record.memory
+    assert memory.peak_source == "cuda_max_allocated" and memory.cuda_reserved is not None
+    assert memory.cuda_reserved >= memory.peak
+    assert sum(memory.at_peak.model_dump().values()) == memory.peak
+    assert record.environment.capabilities.compute_capability is not None
+    assert record.environment.nvml is not None or "nvml" in record.environment.unavailable
+    assert json.loads(record.model_dump_json())["memory"]["peak"] == memory.peak
