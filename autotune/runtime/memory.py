@@ -37,8 +37,13 @@ OTHER = "other"
 
 
 def storage_key(tensor: torch.Tensor) -> int:
-    """Identity of the memory a tensor lives in (views share it)."""
-    return tensor.untyped_storage().data_ptr()
+    """Identity of the storage a tensor lives in (views share it).
+
+    The storage implementation's handle, not its data pointer: fake tensors (the
+    estimate's traces) all report data pointer 0, and a resized storage keeps its
+    handle while its data moves.
+    """
+    return int(tensor.untyped_storage()._cdata)
 
 
 def unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -211,8 +216,10 @@ class LiveTensorTracker(TorchDispatchMode):
     the caller knows what they are (saved activations after the forward,
     gradients after backward, optimizer states after the step). The snapshot at
     the peak holds the same records, so marks made later still apply to it.
+    An op's output that is a view into memory from before the step (a data set
+    behind ``TensorDataset``'s ``x[i]``) is not the step's and is not counted.
     Unlike ``torch.distributed._tools.mem_tracker.MemTracker`` it works with
-    frozen parameters and needs no private API.
+    frozen parameters, gradient accumulation and fake tensors.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -229,7 +236,7 @@ class LiveTensorTracker(TorchDispatchMode):
         """Name the storages behind ``tensors`` (tracking them if they predate the tracker)."""
         for tensor in tensors:
             if tensor.device.type == self.device_type:
-                self._track(tensor).category = category
+                self._track(tensor.untyped_storage()).category = category
 
     def mark_keys(self, keys: Iterable[int], category: str) -> None:
         """Name live storages by :func:`storage_key` (unknown keys are not tracked: skipped)."""
@@ -237,20 +244,42 @@ class LiveTensorTracker(TorchDispatchMode):
             if key in self.live:
                 self.live[key].category = category
 
-    def _track(self, tensor: torch.Tensor) -> _Live:
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
+    def mark_batch(self, batch: Any) -> None:
+        """Track a batch that no op made in this process (DataLoader workers' shared memory).
+
+        A tensor that is a view into a larger storage (a data set) is left out:
+        that storage is not the batch.
+        """
+        for tensor in _tensors(batch):
+            storage = tensor.untyped_storage()
+            if tensor.device.type == self.device_type and (
+                0 < storage.nbytes() <= tensor.numel() * tensor.element_size()
+            ):
+                self._track(storage)
+
+    def _track(self, storage: Any) -> _Live:
+        key = int(storage._cdata)
         record = self.live.get(key)
+        if record is not None and self._refs[key]() is not storage:
+            # The handle now belongs to another storage (the old one's callback is
+            # pending): retire the stale record, track the new one.
+            self._freed(key, self._refs[key])
+            record = None
         if record is None:
             record = _Live(storage.nbytes())
             self.live[key] = record
             self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
-            self.current += record.nbytes
-            if self.current > self.peak:
-                self.peak, self._at_peak = self.current, True
+            self._grow(record.nbytes)
         return record
 
-    def _freed(self, key: int, _ref: object) -> None:
+    def _grow(self, nbytes: int) -> None:
+        self.current += nbytes
+        if self.current > self.peak:
+            self.peak, self._at_peak = self.current, True
+
+    def _freed(self, key: int, ref: object) -> None:
+        if self._refs.get(key) is not ref:  # a retired record's late callback
+            return
         if self._at_peak:  # leaving a peak: remember what made it up
             self.peak_snapshot, self._at_peak = list(self.live.values()), False
         record = self.live.pop(key, None)
@@ -259,10 +288,28 @@ class LiveTensorTracker(TorchDispatchMode):
             self.current -= record.nbytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        inputs = {
+            int(storage._cdata): storage
+            for storage in (
+                tensor.untyped_storage()
+                for tensor in _tensors((args, kwargs))
+                if tensor.device.type == self.device_type
+            )
+        }
         out = func(*args, **(kwargs or {}))
+        for key, storage in inputs.items():
+            record = self.live.get(key)
+            if record is not None and storage.nbytes() != record.nbytes:  # resize_, out=
+                # the old size is freed and the new one allocated, as the allocator sees it
+                self._freed(key, self._refs[key])
+                self._track(storage).category = record.category
         for tensor in _tensors(out):
-            if tensor.device.type == self.device_type and tensor.untyped_storage().nbytes():
-                self._track(tensor)
+            if tensor.device.type != self.device_type:
+                continue
+            storage = tensor.untyped_storage()
+            key = int(storage._cdata)
+            if storage.nbytes() and (key in self.live or key not in inputs):
+                self._track(storage)
         return out
 
     def at_peak(self) -> AtPeak:
@@ -301,7 +348,7 @@ def track_peak(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    with tracker:
+    with tracker, count_rng_states(tracker):
         tracker.mark(model.parameters(), "parameters")
         tracker.mark(model.buffers(), "buffers")
         tracker.mark((p.grad for p in model.parameters() if p.grad is not None), "gradients")
@@ -316,6 +363,28 @@ def track_peak(
         out.append(PeakResult(peak, AtPeak(**parts), "cuda_max_allocated", reserved))
     else:
         out.append(PeakResult(tracker.peak, AtPeak(**parts), "cpu_live_tensors"))
+
+
+@contextlib.contextmanager
+def count_rng_states(tracker: LiveTensorTracker) -> Iterator[None]:
+    """Count the CPU RNG states that checkpointed blocks keep for their recompute.
+
+    ``torch.utils.checkpoint`` saves ``torch.get_rng_state()`` per checkpointed block
+    (5,056 bytes on CPU) until that block's backward; the state tensor is made outside
+    the dispatcher, so the tracker would not see it (torch's memory profiler does).
+    """
+    original = torch.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        tracker.mark([state], "activations")
+        return state
+
+    torch.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original
 
 
 def _absorb(parts: dict[str, int], excess: int) -> None:

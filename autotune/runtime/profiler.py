@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -186,25 +187,48 @@ def _timed_steps(runner: TrainRunner, steps: int, warmup: int, report: Progress)
     return timings
 
 
-def _measure_memory(runner: TrainRunner, report: Progress) -> tuple[MemoryBreakdown, Any]:
-    """One tracked step for the states, saved tensors and the peak; then the activation fit."""
-    report("memory", 0, 2)
+@dataclass(frozen=True)
+class TrackedStep:
+    """One optimizer step under the live-tensor tracker: its peak and what it saved."""
+
+    peak: mem.PeakResult
+    saved: mem.SavedTensors
+    gradients: int
+
+
+def tracked_step(runner: TrainRunner) -> TrackedStep:
+    """Run one optimizer step (``grad_accum`` micro-batches) with every tensor it makes tracked.
+
+    The profile and the trials measure with it, and the estimate's trace runs the
+    same step on fake tensors, so all see the same moments and temporaries. The
+    saved tensors are those of the last micro-batch (they are alike).
+    """
     model, optimizer = runner.model, runner.optimizer
     with mem.track_peak(model, optimizer, runner.device) as (tracker, peak_out):
-        batch = runner.next_batch()
-        with mem.count_saved_tensors(model) as saved:
-            loss = runner.forward(batch)
-        for category, keys in saved.keys.items():
-            tracker.mark_keys(keys, category)
-        runner.backward(loss)
-        del loss
+        for _ in runner.micro_batches():
+            batch = runner.next_batch()
+            tracker.mark_batch(batch)
+            with mem.count_saved_tensors(model) as saved:
+                loss = runner.forward(batch)
+            for category, keys in saved.keys.items():
+                tracker.mark_keys(keys, category)
+            runner.backward(loss)
+            del loss, batch
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         gradients = mem.unique_bytes(grads)
         tracker.mark(grads, "gradients")
         del grads
         runner.optimizer_step()
         tracker.mark(mem.optimizer_state_tensors(optimizer), "optimizer_states")
-    peak = peak_out[0]
+    return TrackedStep(peak_out[0], saved, gradients)
+
+
+def _measure_memory(runner: TrainRunner, report: Progress) -> tuple[MemoryBreakdown, Any]:
+    """One tracked step for the states, saved tensors and the peak; then the activation fit."""
+    report("memory", 0, 2)
+    model, optimizer = runner.model, runner.optimizer
+    step = tracked_step(runner)
+    peak, saved, gradients = step.peak, step.saved, step.gradients
     samples_seen = runner.last_batch
     report("memory", 1, 2)
     fit = _activation_fit(runner, saved)

@@ -91,10 +91,10 @@ def _live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object])
     (:class:`~autotune.runtime.memory.LiveTensorTracker`). The dispatch mode
     slows every op, so callers run it on one extra step that is not timed.
     """
-    from autotune.runtime.memory import LiveTensorTracker
+    from autotune.runtime.memory import LiveTensorTracker, count_rng_states
 
     tracker = LiveTensorTracker(device)
-    with tracker:
+    with tracker, count_rng_states(tracker):
         tracker.mark(existing, "existing")
         step()
     return tracker.peak
@@ -125,8 +125,8 @@ class _Steps:
 
 
 def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
-    from autotune.runtime.memory import optimizer_state_tensors
     from autotune.runtime.modelfile import load_model_file
+    from autotune.runtime.profiler import tracked_step
     from autotune.runtime.step import runner_for_plan
 
     plan = spec.plan
@@ -140,23 +140,13 @@ def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
         timings.append(timing)
         return timing.total, timing.loss
 
-    def tracked() -> None:
-        for _ in runner.micro_batches():
-            loss = runner.forward(runner.next_batch())
-            runner.backward(loss)
-            del loss
-        runner.optimizer_step()
-
     try:
         steps.run(step)
         cuda_peak = _cuda_peak(runner.device)  # the timed steps' figure, read before tracking
-        model, optimizer = runner.model, runner.optimizer
-        # What track_peak (the profiler's tracked step) counts as present at the start.
-        existing = [*model.parameters(), *model.buffers(), *_grads(model),
-                    *optimizer_state_tensors(optimizer)]  # fmt: skip
         live: int | None = None
         try:
-            live = _live_peak(runner.device, existing, tracked)
+            # The profile's own tracked step: the same measure as its cpu_live_tensors peak.
+            live = tracked_step(runner).peak.peak
         except Exception as exc:  # e.g. a compiled model the dispatch mode cannot follow
             sys.stderr.write(f"autotune: live tensors not tracked ({type(exc).__name__}: {exc})\n")
     finally:
@@ -171,10 +161,6 @@ def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     tokens = model_file.tokens_per_sample(runner.last_batch)
     return {"split": split, "tokens": tokens, "device": runner.device, "engine": "torch",
             "live": live, "cuda": cuda_peak}  # fmt: skip
-
-
-def _grads(model: Any) -> list[Any]:
-    return [p.grad for p in model.parameters() if p.grad is not None]
 
 
 def _cuda_peak(device: Any) -> int | None:

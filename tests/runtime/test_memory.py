@@ -6,45 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from _models import mlp_stack
+from _models import TIED, mlp_stack
 from torch import nn
 
 from autotune.records import ProfileRecord
 from autotune.runtime import memory as mem
-from autotune.runtime.modelfile import load_model_file
 from autotune.runtime.profiler import profile
-
-TIED = """
-import torch
-from torch import nn
-
-
-class Tied(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(50, 16)
-        self.frozen = nn.Linear(16, 16)
-        self.frozen.requires_grad_(False)
-        self.mid = nn.Linear(16, 16)
-        self.head = nn.Linear(16, 50)
-        self.head.weight = self.emb.weight
-
-    def forward(self, ids):
-        return self.head(self.mid(self.frozen(self.emb(ids))))
-
-
-def build_model():
-    return Tied()
-
-
-def build_batch(batch_size):
-    return {"ids": torch.randint(0, 50, (batch_size, 8))}
-
-
-def loss_fn(model, batch):
-    logits = model(batch["ids"])
-    return nn.functional.cross_entropy(logits.reshape(-1, 50), batch["ids"].reshape(-1))
-"""
 
 # Small weights, wide batch: activations dominate, as in the issue's bf16 test.
 WIDE = mlp_stack()
@@ -82,35 +49,12 @@ def test_model_state_bytes_are_exact_with_frozen_and_tied_weights(tmp_path: Path
     _assert_peak_adds_up(record)
 
 
-def _independent_saved_bytes(model: nn.Module, run: object) -> int:
-    """numel x element size of each distinct saved storage, parameters left out."""
-    params = {p.data_ptr() for p in model.parameters()}
-    sizes: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        base = tensor.untyped_storage()
-        if tensor.data_ptr() not in params and base.data_ptr() not in params:
-            sizes[base.data_ptr()] = base.size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()  # type: ignore[operator]
-    return sum(sizes.values())
-
-
-@pytest.mark.parametrize(
-    "example", ["mlp_dataloader.py", pytest.param("tiny_llama.py", marks=pytest.mark.slow)]
-)
-def test_activation_bytes_match_an_independent_count(examples_dir: Path, example: str) -> None:
-    record = _profile(examples_dir / example, 2)
-    loaded = load_model_file(examples_dir / example)
-    torch.manual_seed(0)
-    model = loaded.build_model()
-    batch = next(loaded.batches(2))
-    expected = _independent_saved_bytes(model, lambda: loaded.loss(model, batch))
-    assert record.memory.activations == pytest.approx(expected, rel=0.01)
+def test_activations_by_module_add_up(examples_dir: Path) -> None:
+    # The activation total itself is checked against torch's memory profiler in
+    # test_peak_reference.py; here, the per-block split covers all of it.
+    record = _profile(examples_dir / "mlp_dataloader.py", 2)
     by_module = sum(part.bytes for part in record.memory.activations_by_module)
-    assert by_module == record.memory.activations
+    assert by_module == record.memory.activations > 0
     _assert_peak_adds_up(record)
 
 

@@ -1,0 +1,165 @@
+"""The independent reference for memory: torch.profiler's memory timeline around a hand-written step.
+
+Nothing here calls autotune: the step is written out (forward, backward, optimizer
+step, as any training loop does) and the bytes come from torch's own memory profiler,
+categorised by torch. Tests compare autotune's measurement with it.
+
+torch.profiler's memory timeline is a private API (``prof._memory_profile()``, its
+``timeline`` of ``(time, action, (key, version), bytes)`` events and ``_categories``);
+the torch range in pyproject.toml is the one it was checked with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.profiler._memory_profiler import Action, Category, TensorKey
+
+CATEGORY_NAMES = {
+    Category.PARAMETER: "parameters",
+    Category.OPTIMIZER_STATE: "optimizer_states",
+    Category.GRADIENT: "gradients",
+    Category.ACTIVATION: "activations",  # saved for backward, autocast's weight copies included
+    Category.INPUT: "inputs",  # the batch (and BatchNorm's running statistics)
+    Category.TEMPORARY: "temporaries",
+    Category.AUTOGRAD_DETAIL: "temporaries",  # gradients of activations flowing back
+    None: "unknown",
+}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The profiler's peak of live CPU bytes in one step, and the bytes by category then."""
+
+    peak: int
+    at_peak: dict[str, int]
+
+
+def _state_pointers(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
+    """The storages from before the step that count: the training state (not a data set)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    for state in optimizer.state.values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def _peak(prof: Any, keep: set[int]) -> Reference:
+    memory = prof._memory_profile()
+    events, categories = memory.timeline, memory._categories
+    cpu = torch.device("cpu")
+    live = dict.fromkeys(CATEGORY_NAMES.values(), 0)
+    dropped: set[Any] = set()
+    total = peak = 0
+    at_peak = dict(live)
+
+    def name(key: Any, version: int) -> str:
+        return CATEGORY_NAMES[categories.get(key, version) if isinstance(key, TensorKey) else None]
+
+    for index, (when, action, (key, version), nbytes) in enumerate(events):
+        if key.device != cpu:
+            continue
+        if action == Action.PREEXISTING and (
+            not isinstance(key, TensorKey) or key.storage.ptr not in keep
+        ):
+            dropped.add(key)
+            continue
+        if key in dropped:
+            continue
+        if action in (Action.PREEXISTING, Action.CREATE):
+            live[name(key, version)] += nbytes
+            total += nbytes
+        elif action == Action.INCREMENT_VERSION:
+            live[name(key, version)] -= nbytes
+            live[name(key, version + 1)] += nbytes
+        elif action == Action.DESTROY:
+            live[name(key, version)] -= nbytes
+            total -= nbytes
+        last_of_moment = index + 1 == len(events) or events[index + 1][0] != when
+        if last_of_moment and total > peak:
+            peak, at_peak = total, dict(live)
+    return Reference(peak, at_peak)
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import a model file as a module, the plain way."""
+    spec = importlib.util.spec_from_file_location(f"_ref_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _batches(module: ModuleType, batch_size: int) -> Iterator[Any]:
+    if hasattr(module, "build_dataloader"):
+        return iter(module.build_dataloader(batch_size))
+    return (module.build_batch(batch_size) for _ in itertools.count())
+
+
+def reference_step(
+    path: Path,
+    batch_size: int,
+    *,
+    grad_accum: int = 1,
+    autocast: torch.dtype | None = None,
+    checkpoint: bool = False,
+) -> Reference:
+    """Warm up one optimizer step, then profile the next one with torch's memory profiler.
+
+    ``checkpoint`` wraps every block of the model's ``blocks`` / ``model.layers`` stack
+    in ``torch.utils.checkpoint`` (non-reentrant), as a user would by hand.
+    """
+    module = load_module(path)
+    torch.manual_seed(0)
+    model = module.build_model()
+    model.train()
+    if checkpoint:
+        _checkpoint_blocks(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    build_optimizer = getattr(module, "build_optimizer", None)
+    optimizer = build_optimizer(trainable) if build_optimizer else torch.optim.AdamW(trainable)
+    batches = _batches(module, batch_size)
+
+    def loss_of(batch: Any) -> torch.Tensor:
+        context = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+        with context:
+            if hasattr(module, "loss_fn"):
+                return module.loss_fn(model, batch)
+            return model(**batch).loss
+
+    def step() -> None:
+        for _ in range(grad_accum):
+            loss = loss_of(next(batches)) / grad_accum
+            loss.backward()
+            del loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    keep = _state_pointers(model, optimizer)
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        step()
+    return _peak(prof, keep)
+
+
+def _checkpoint_blocks(model: torch.nn.Module) -> None:
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    stack = getattr(model, "blocks", None)
+    if stack is None:
+        stack = model.get_submodule("model.layers")
+    for block in stack:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)

@@ -1,0 +1,102 @@
+"""The profile's CPU peak against torch's own memory profiler, on every kind of model.
+
+The reference (``tests/_reference.py``) runs a hand-written training step of the same
+model file under ``torch.profiler`` and reads its memory timeline; autotune's figure
+comes from ``autotune.profile``'s live-tensor tracker. Goal: within 2 % everywhere.
+Kernel workspaces that are not tensors (oneDNN scratch for bf16 matmuls and
+convolutions) are in the profiler's figure and not in the tracker's; they were
+0.5-1.7 % of the peak on these models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _models import CNN, FROZEN_TRUNK, TIED, mlp_stack
+from _reference import Reference, reference_step
+
+from autotune.runtime.modelfile import load_model_file
+from autotune.runtime.profiler import profile, tracked_step
+from autotune.runtime.step import TrainRunner
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# name -> (model file text or example path, batch size, profile options)
+CASES: dict[str, tuple[str | Path, int, dict[str, object]]] = {
+    "cnn_batchnorm_dataloader": (CNN, 8, {}),
+    "frozen_trunk_own_optimizer": (FROZEN_TRUNK, 8, {}),
+    "tied_embeddings": (TIED, 8, {}),
+    "checkpointed_blocks": (mlp_stack(), 64, {"checkpointing": True}),
+    "bf16_autocast": (mlp_stack(), 64, {"precision": "bf16"}),
+    "example_tiny_llama": (EXAMPLES / "tiny_llama.py", 2, {}),
+    "example_tiny_llama_checkpointed": (EXAMPLES / "tiny_llama.py", 2, {"checkpointing": True}),
+    "example_mlp_dataloader": (EXAMPLES / "mlp_dataloader.py", 8, {}),
+    "example_slow_input": (EXAMPLES / "slow_input.py", 4, {}),
+}
+
+
+def _path(source: str | Path, tmp_path: Path) -> Path:
+    if isinstance(source, Path):
+        return source
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    return path
+
+
+def _reference(path: Path, batch: int, options: dict[str, object]) -> Reference:
+    return reference_step(
+        path,
+        batch,
+        autocast=torch.bfloat16 if options.get("precision") == "bf16" else None,
+        checkpoint=bool(options.get("checkpointing")),
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_profile_peak_agrees_with_torch_memory_profiler(case: str, tmp_path: Path) -> None:
+    source, batch, options = CASES[case]
+    path = _path(source, tmp_path)
+    record = profile(path, batch_size=batch, steps=1, warmup=1, device="cpu", **options)  # type: ignore[arg-type]
+    reference = _reference(path, batch, options)
+    memory = record.memory
+    assert memory.peak == pytest.approx(reference.peak, rel=0.02)
+    # What was live at the peak adds up to the peak, and the model states are the
+    # profiler's own categories to the byte (they do not move during a step's peak).
+    assert sum(memory.at_peak.model_dump().values()) == memory.peak
+    assert memory.at_peak.parameters == reference.at_peak["parameters"]
+    assert memory.at_peak.optimizer_states == reference.at_peak["optimizer_states"]
+    if case != "bf16_autocast":
+        # Under bf16 the profiler's non-tensor kernel workspaces make an earlier moment
+        # (before any gradient) its peak, 1.7 % above the tracker's: the same step, two
+        # moments within 2 % of each other, so only the totals are comparable there.
+        assert abs(memory.at_peak.gradients - reference.at_peak["gradients"]) <= 0.01 * memory.peak
+
+
+@pytest.mark.parametrize(
+    "case", ["example_tiny_llama", "checkpointed_blocks", "example_tiny_llama_checkpointed"]
+)
+def test_activations_at_the_peak_are_the_profilers_activations(case: str, tmp_path: Path) -> None:
+    # Where both mean "saved for backward" (no frozen layers, no autocast): the profiler
+    # calls the batch the first layer saves an input, autotune calls it an activation, and
+    # the RNG state each checkpointed block keeps is uncategorised there (no tensor op made it).
+    source, batch, options = CASES[case]
+    path = _path(source, tmp_path)
+    record = profile(path, batch_size=batch, steps=1, warmup=1, device="cpu", **options)  # type: ignore[arg-type]
+    reference = _reference(path, batch, options)
+    theirs = sum(reference.at_peak[name] for name in ("activations", "inputs", "unknown"))
+    assert abs(record.memory.at_peak.activations - theirs) <= 0.02 * record.memory.peak
+
+
+@pytest.mark.parametrize("source", [mlp_stack(), CNN], ids=["mlp", "cnn"])
+def test_tracked_step_under_gradient_accumulation(source: str, tmp_path: Path) -> None:
+    path = _path(source, tmp_path)
+    runner = TrainRunner(load_model_file(path), micro_batch=8, grad_accum=2)
+    try:
+        runner.step()  # warm-up: the optimizer's state exists, as in the reference
+        measured = tracked_step(runner)
+    finally:
+        runner.close()
+    reference = reference_step(path, 8, grad_accum=2)
+    assert measured.peak.peak == pytest.approx(reference.peak, rel=0.02)
