@@ -54,6 +54,19 @@ class ActivationSpec(_Record):
         )
 
 
+class TracedMoment(_Record):
+    """The peak of one whole training step traced on fake tensors (nothing allocated).
+
+    Forward, backward and the optimizer step of ``plan`` ran under ``FakeTensorMode``
+    with the profile's own live-tensor tracker, so the temporaries (the loss's
+    gradient buffers, the optimizer's transients) are traced, not assumed zero.
+    """
+
+    plan: Plan
+    peak: int
+    at_peak: AtPeak
+
+
 class Baseline(_Record):
     """A measured plan: its peak and what was live then, and its step time by phase."""
 
@@ -99,6 +112,9 @@ class ModelFacts(_Record):
     optimizer_source: Literal["measured", "assumed_adam"] = "assumed_adam"
     activations: dict[str, ActivationSpec] = Field(description="plan precision -> figures")
     baseline: Baseline | None = None
+    traced_moment: TracedMoment | None = Field(
+        default=None, description="a traced whole step; the peak's reference without a profile"
+    )
     peak_flops_per_s: float | None = None
 
 

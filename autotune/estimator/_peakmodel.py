@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from autotune.estimator import _costmodel as cm
 from autotune.estimator import _zero as zero
-from autotune.estimator._modelfacts import ModelFacts, Source, activation_spec
+from autotune.estimator._modelfacts import (
+    Baseline,
+    ModelFacts,
+    Source,
+    TracedMoment,
+    activation_spec,
+)
 from autotune.records import Plan
 
 Moments = dict[str, dict[str, float]]
@@ -100,15 +106,15 @@ def _recompute_live(
     return max(candidates, key=lambda pair: pair[0] + pair[1])
 
 
-def _which(facts: ModelFacts, live: dict[str, float], saved: float) -> str:
+def _which(
+    facts: ModelFacts, base: Baseline | TracedMoment, live: dict[str, float], saved: float
+) -> str:
     """The moment a measured peak was taken at, from what was live.
 
     ``saved`` is the profiled plan's activations at the start of backward: the
     optimizer moment has all gradients and (almost) none of them, whereas a loop
     that keeps its gradients between steps has both at the start of backward.
     """
-    base = facts.baseline
-    assert base is not None
     full = zero.states_for(facts, base.plan).gradients
     if full and live["gradients"] >= 0.9 * full and live["activations"] <= 0.1 * saved:
         return "optimizer"  # all gradients exist and the activations are gone: backward is over
@@ -125,7 +131,7 @@ def predict_peak(
     On the profiled plan itself the answer is the measured peak.
     """
     new, states, source = moments(facts, plan)
-    base = facts.baseline
+    base = facts.baseline or facts.traced_moment
     if base is None:
         totals = {name: sum(sizes.values()) for name, sizes in new.items()}
         name = max(totals, key=lambda key: totals[key])
@@ -133,7 +139,7 @@ def predict_peak(
         return totals[name], new[name]["temporaries"], how, states, source
     live = {c: float(v) for c, v in base.at_peak.model_dump().items()}
     old, _, _ = moments(facts, base.plan)
-    moment = _which(facts, live, old["backward"]["activations"])
+    moment = _which(facts, base, live, old["backward"]["activations"])
     if plan.uses_deepspeed and not base.plan.uses_deepspeed and moment in old:
         # DeepSpeed frees each .grad once reduced into its own buffers: gradients the
         # profiled loop kept between its steps do not carry over
@@ -152,11 +158,12 @@ def predict_peak(
             scaled = per_act * sizes["activations"] if name != "optimizer" else 0.0
             temps[name] = scaled + sizes["temporaries"]
             totals[name] = sum(sizes.values()) + scaled
+    kind = "measured" if base is facts.baseline else "traced step"
     if plan == base.plan:
-        return float(base.peak), live["temporaries"], f"{moment} (measured)", states, source
+        return float(base.peak), live["temporaries"], f"{moment} ({kind})", states, source
     name = max(totals, key=lambda key: totals[key])
     how = (
-        "measured moment rescaled" if name == moment else "cost model, temporaries from the profile"
+        f"{kind} moment rescaled" if name == moment else f"cost model, temporaries from the {kind}"
     )
     return (
         totals[name],

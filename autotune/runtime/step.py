@@ -76,7 +76,9 @@ class TrainRunner:
         self.micro_batch = micro_batch
         self.grad_accum = grad_accum
         torch.manual_seed(seed)
-        self.model = model_file.build_model().to(self.device)
+        self.model = model_file.build_model()
+        if any(p.device != self.device for p in self.model.parameters()):
+            self.model = self.model.to(self.device)
         self.model.train()
         apply_checkpointing(self.model, checkpoint_blocks)
         self.checkpoint_blocks = checkpoint_blocks

@@ -10,6 +10,7 @@ real forward would save them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,13 +22,14 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree
 
-from autotune.estimator import ActivationSpec, ModelFacts
-from autotune.records import AutotuneError
+from autotune.estimator import ActivationSpec, ModelFacts, TracedMoment
+from autotune.records import AutotuneError, Plan
 from autotune.runtime import blocks
 from autotune.runtime import memory as mem
 from autotune.runtime.blocks import apply_checkpointing, find_block_stack, unique_parameter_count
 from autotune.runtime.modelfile import ModelFile, load_model_file
-from autotune.runtime.profiler import _model_info
+from autotune.runtime.profiler import _model_info, tracked_step
+from autotune.runtime.step import AUTOCAST, TrainRunner
 
 DEFAULT_PRECISIONS = ("fp32", "amp_bf16", "bf16")
 _AUTOCAST = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
@@ -40,14 +42,13 @@ Forward = Callable[[nn.Module, Any], Any]
 def _fake_tracing() -> Iterator[FakeTensorMode]:
     """A FakeTensorMode in which the saved-tensor counter and HF masks behave as on real tensors.
 
-    Fake tensors all report data pointer 0, so storages are told apart by their
-    implementation handle instead (and parameters by identity, which
-    ``module.parameters()`` already de-duplicates). transformers cannot read fake position ids,
+    Fake tensors all report data pointer 0; storages are told apart by their
+    implementation handle (``memory.storage_key``) and parameters by identity, which
+    ``module.parameters()`` already de-duplicates. transformers cannot read fake position ids,
     so it assumes packed sequences and builds a full attention mask a real
     forward skips; the trace's batches are never packed, so that check says so.
     """
     patches: list[tuple[Any, str, Any]] = [
-        (mem, "storage_key", lambda tensor: tensor.untyped_storage()._cdata),
         (
             blocks,
             "unique_parameter_count",
@@ -215,6 +216,42 @@ def _first_batch(model_file: ModelFile, batch_size: int) -> Any:
         stream.close()  # type: ignore[attr-defined]
 
 
+class _UncheckedRunner(TrainRunner):
+    """A training step whose loss is not read: fake values have none."""
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        with self.autocast():
+            loss = _file_forward(self.model_file)(self.model, batch)
+        return loss / self.grad_accum if self.grad_accum > 1 else loss
+
+
+def trace_step(model_file: ModelFile, plan: Plan, batch: Any) -> TracedMoment:
+    """The peak of one whole training step of ``plan`` on fake tensors, and what was live then.
+
+    The profile's own :func:`~autotune.runtime.profiler.tracked_step` (forward,
+    backward, optimizer step under the live-tensor tracker) runs after one warm-up
+    step, as in ``autotune profile``: the optimizer's state exists, the gradients
+    were freed. Nothing is allocated. ``batch``, fake, feeds both steps.
+    """
+    runner = _UncheckedRunner(
+        model_file,
+        micro_batch=plan.micro_batch,
+        checkpoint_blocks=plan.checkpoint_blocks,
+        precision=AUTOCAST[plan.precision],
+    )
+    runner.close()
+    runner._batches = itertools.repeat(batch)
+    try:
+        loss = runner.forward(runner.next_batch())
+        runner.backward(loss)
+        del loss
+        runner.optimizer_step()
+        step = tracked_step(runner)
+    finally:
+        runner.close()
+    return TracedMoment(plan=plan, peak=step.peak.peak, at_peak=step.peak.at_peak)
+
+
 def facts_from_model_file(
     path: str | Path,
     *,
@@ -225,6 +262,9 @@ def facts_from_model_file(
 
     The batches come from the file (small real inputs, turned into fake tensors);
     the model is built on the meta device (counts) and under FakeTensorMode (trace).
+
+    A whole training step at the larger batch size is traced too (forward, backward,
+    optimizer step), so the peak's temporaries come from the trace, not from zero.
 
     Raises:
         AutotuneError: anything wrong with the model file.
@@ -249,7 +289,11 @@ def facts_from_model_file(
                 precision=precision,
                 batch_sizes=batch_sizes,
             )
-    return _facts(type(meta).__name__, meta, seq_len, specs)
+        moment = trace_step(
+            model_file, Plan(micro_batch=batch_sizes[-1]), batch_of(batch_sizes[-1])
+        )
+    facts = _facts(type(meta).__name__, meta, seq_len, specs)
+    return facts.model_copy(update={"traced_moment": moment})
 
 
 def load_hf_config(path: str | Path) -> Any:

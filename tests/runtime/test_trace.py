@@ -147,3 +147,31 @@ def test_bad_hf_config_is_one_line(tmp_path: Path, text: str, message: str) -> N
     path.write_text(text)
     with pytest.raises(AutotuneError, match=message):
         load_hf_config(path)
+
+
+@pytest.mark.parametrize(
+    ("source", "batch", "checkpointed"),
+    [("cnn", 8, False), ("tiny_llama", 4, False), ("tiny_llama", 4, True)],
+)
+def test_whole_step_trace_predicts_the_profilers_peak(
+    source: str, batch: int, checkpointed: bool, tmp_path: Path
+) -> None:
+    # From the model file alone (no profile), the predicted peak, temporaries included,
+    # against torch's memory profiler on a real step of the same plan.
+    from _models import CNN
+    from _reference import reference_step
+
+    from autotune.estimator import estimate_plan
+    from autotune.records import Plan
+
+    if source == "cnn":
+        path = tmp_path / "cnn.py"
+        path.write_text(CNN)
+    else:
+        path = EXAMPLES / "tiny_llama.py"
+    facts = facts_from_model_file(path, precisions=("fp32",))
+    assert facts.traced_moment is not None and facts.traced_moment.at_peak.temporaries > 0
+    plan = Plan(micro_batch=batch, checkpoint_blocks=facts.num_layers if checkpointed else 0)
+    predicted = estimate_plan(facts, plan).memory.peak
+    reference = reference_step(path, batch, checkpoint=checkpointed)
+    assert predicted == pytest.approx(reference.peak, rel=0.05)
