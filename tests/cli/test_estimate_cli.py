@@ -177,3 +177,31 @@ def test_repeated_profiles_refine_the_time(profile_json: Path, tmp_path: Path) -
     )
     assert bad.exit_code == 2
     assert "--profile" in bad.stderr
+
+
+def test_train_days_from_the_measured_throughput(profile_json: Path) -> None:
+    result = runner.invoke(
+        app, ["estimate", "--profile", str(profile_json), "--train-tokens", "1M", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    (plan,) = json.loads(result.stdout)["plans"]
+    # The profiled plan itself: the profile's 512 tokens/s, by hand.
+    assert plan["train_days"] == pytest.approx(1e6 / 512 / 86_400, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_train_days_from_an_assumed_mfu_on_llama_7b() -> None:
+    args = ["estimate", "--hf-config", str(CONFIGS / "llama2_7b.json"), "--seq-len", "4096",
+            "-b", "1", "--gpus-per-node", "8", "--plan", "stage=2,precision=bf16",
+            "--train-tokens", "300B", "--mfu", "0.4", "--peak-tflops", "312", "--json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (plan,) = json.loads(result.stdout)["plans"]
+    # By hand from the config: per layer 4 x 4096^2 (attention) + 3 x 4096 x 11008 (MLP)
+    # + 2 x 4096 (norms); 32 layers, a final norm and the untied 32000 x 4096 head; the
+    # input embedding does no matmul. 12 x L x h x s for attention at s = 4096.
+    layer = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+    non_embedding = 32 * layer + 4096 + 32000 * 4096
+    per_token = 6 * non_embedding + 12 * 32 * 4096 * 4096
+    days = 300e9 * per_token / (0.4 * 312e12 * 8) / 86_400
+    assert plan["train_days"] == pytest.approx(days, rel=1e-6)
