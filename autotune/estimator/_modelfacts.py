@@ -112,6 +112,10 @@ class ModelFacts(_Record):
     optimizer_source: Literal["measured", "assumed_adam"] = "assumed_adam"
     activations: dict[str, ActivationSpec] = Field(description="plan precision -> figures")
     baseline: Baseline | None = None
+    device_type: str | None = Field(
+        default=None,
+        description="where the plans run (cpu: offloading frees nothing); None = unknown",
+    )
     traced_moment: TracedMoment | None = Field(
         default=None, description="a traced whole step; the peak's reference without a profile"
     )
@@ -180,6 +184,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             tokens_per_s=profile.throughput.tokens_per_s,
         ),
         peak_flops_per_s=profile.compute.peak_flops_per_s,
+        device_type=profile.config.device,
     )
 
 

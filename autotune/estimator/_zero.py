@@ -230,7 +230,11 @@ def bucket_elements(parameters: int | None) -> int:
 
 
 def states_for(facts: ModelFacts, plan: Plan) -> StateBytes:
-    """Model-state bytes per device for a plan (the implementation's accounting)."""
+    """Model-state bytes per device for a plan (the implementation's accounting).
+
+    On a CPU device the "offloaded" states stay in the same memory: offload frees nothing.
+    """
+    host_is_device = facts.device_type == "cpu"
     return model_state_bytes(
         parameters=facts.parameters,
         trainable=facts.trainable_parameters,
@@ -239,8 +243,8 @@ def states_for(facts: ModelFacts, plan: Plan) -> StateBytes:
         world_size=plan.world_size,
         largest_layer=facts.largest_layer_parameters,
         optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
-        offload_optimizer=plan.offload_optimizer != "none",
-        offload_param=plan.offload_param != "none",
+        offload_optimizer=plan.offload_optimizer != "none" and not host_is_device,
+        offload_param=plan.offload_param != "none" and not host_is_device,
     )
 
 

@@ -308,3 +308,17 @@ def test_a_checkpointed_profile_peaking_in_a_recompute_is_rescaled_there() -> No
     double = estimate_plan(facts, Plan(micro_batch=8, checkpoint_blocks=L))
     # one block's input + one block at b=8 over the same at b=4: the live tensors double
     assert double.memory.peak == pytest.approx(15 * P + 2 * 940_000, abs=2)
+
+
+def test_offload_frees_nothing_on_a_cpu_device() -> None:
+    # A profile taken on the CPU: host and device are one memory, so an "offloaded"
+    # optimizer stays in the peak, exactly as without offload.
+    facts = facts_from_profile(make_profile())
+    assert facts.device_type == "cpu"
+    plan = Plan(zero_stage=2, gpus_per_node=2, micro_batch=4)
+    kept = estimate_plan(facts, plan).memory
+    offloaded = estimate_plan(facts, plan.with_changes(offload_optimizer="cpu")).memory
+    assert offloaded.peak == kept.peak
+    assert offloaded.optimizer_states == kept.optimizer_states > 0
+    gpu = facts.model_copy(update={"device_type": "cuda"})
+    assert estimate_plan(gpu, plan.with_changes(offload_optimizer="cpu")).memory.peak < kept.peak

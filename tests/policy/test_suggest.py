@@ -17,6 +17,8 @@ from autotune.policy import policy_plan, suggest
 from autotune.records import AutotuneError, write_record
 
 SLOW_BF16_CPU: dict[str, Any] = {"device": "cpu", "bf16_ratio": 0.15}
+# Offload moves states to the host: only a GPU has a host apart from its device memory.
+SLOW_BF16_GPU: dict[str, Any] = {"device": "cuda", "bf16_ratio": 0.15}
 BIG = {"parameters": 20_000_000_000, "activations_per_sample": 0.5 * GB, "layers": 48}
 
 CASES = [
@@ -52,8 +54,12 @@ CASES = [
     ),
     (
         "model_states_one_device",
-        {**SLOW_BF16_CPU, **BIG},
-        {"device_memory": 80 * GB},
+        {**SLOW_BF16_GPU, **BIG},
+        # the lossless-speed rules a GPU gets first are not what this case is about
+        {
+            "device_memory": 80 * GB,
+            "skip_rules": ["fp16_loss_scaling", "compile", "sdpa_attention"],
+        },
         "offload_optimizer",
         {"offload_optimizer": "cpu", "zero_stage": 2},
     ),
@@ -135,7 +141,7 @@ def test_zero3_and_offload_come_after_zero2_and_offload_first_on_slow_links(
     gbps: float, third_before_fourth: tuple[str, str]
 ) -> None:
     options = {"device_memory": 80 * GB, "world_size": 16, "gpus_per_node": 8, "inter_gbps": gbps}
-    profile = synthetic_profile(**SLOW_BF16_CPU, parameters=70_000_000_000, layers=80)
+    profile = synthetic_profile(**SLOW_BF16_GPU, parameters=70_000_000_000, layers=80)
     rules = [item.rule for item in suggest(profile, **options).suggestions]
     assert rules.index("zero_1") < rules.index("zero_2")
     first, second = third_before_fourth
@@ -217,3 +223,14 @@ def test_suggest_runs_with_torch_unimportable(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["suggestions"][0]["rule"] == "input_bound"
+
+
+@pytest.mark.parametrize("world_size", [1, 16])
+def test_offload_is_never_proposed_on_a_cpu_device(world_size: int) -> None:
+    # Host and device memory are one memory there: offloading frees nothing.
+    profile = synthetic_profile(**SLOW_BF16_CPU, parameters=70_000_000_000, layers=80)
+    record = suggest(profile, device_memory=80 * GB, world_size=world_size)
+    if world_size > 1:
+        assert record.suggestions[0].rule == "zero_1"
+    assert record.final_plan.offload_optimizer == record.final_plan.offload_param == "none"
+    assert not any(item.rule.startswith("offload") for item in record.suggestions)
