@@ -70,6 +70,16 @@ def config_from_dict(data: dict[str, Any], where: str, attention: str | None = N
     return config
 
 
+def _looks_local(source: str) -> bool:
+    """A path rather than a Hub name (``org/name``): a .json file, a path-like start or end, or
+    more than one folder."""
+    return (
+        source.endswith((".json", "/"))
+        or source.startswith((".", "/", "~"))
+        or source.count("/") > 1
+    )
+
+
 def load_config(source: str | Path, flag: str = "--hf-config") -> Any:
     """A transformers config from a ``config.json``, a model directory, or a Hub name.
 
@@ -85,8 +95,8 @@ def load_config(source: str | Path, flag: str = "--hf-config") -> Any:
             raise AutotuneError(f"{where}: cannot read JSON ({exc})") from None
         return config_from_dict(data, where)
     local = path.is_dir()
-    if not local and (path.suffix == ".json" or str(source).startswith((".", "/", "~"))):
-        raise AutotuneError(f"{where}: no such file")
+    if not local and _looks_local(str(source)):
+        raise AutotuneError(f"{where}: no such file or directory")
     import transformers
 
     try:
