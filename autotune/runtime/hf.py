@@ -169,6 +169,7 @@ from autotune.runtime import hf
 CONFIG = json.loads({config!r})
 WEIGHTS = {weights!r}
 ATTENTION = {attention!r}
+VOCAB_SIZE = {vocab!r}
 SEQ_LEN = {seq_len!r}
 
 
@@ -177,7 +178,7 @@ def build_model():
 
 
 def build_batch(batch_size):
-    return hf.token_batch(CONFIG["vocab_size"], SEQ_LEN, batch_size)
+    return hf.token_batch(VOCAB_SIZE, SEQ_LEN, batch_size)
 '''
 
 
@@ -213,6 +214,7 @@ def hf_model_file(
         config=json.dumps(config.to_diff_dict(), sort_keys=True),
         weights=weights,
         attention=config._attn_implementation,
+        vocab=config.vocab_size,
         seq_len=seq_len,
     )
     return text, label, f"{_stem(str(source))}_s{seq_len}"

@@ -122,9 +122,9 @@ def test_hub_name_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never the network
+    source = model_source(None, hf_config="no-such-org/no-such-model", seq_len=8)
     with pytest.raises(AutotuneError, match="--hf-config no-such-org/no-such-model: cannot load"):
-        with model_source(None, hf_config="no-such-org/no-such-model", seq_len=8):
-            pass
+        source.__enter__()
 
 
 def test_recommend_and_estimate_share_the_checks(tmp_path: Path) -> None:
@@ -132,5 +132,7 @@ def test_recommend_and_estimate_share_the_checks(tmp_path: Path) -> None:
 
     with pytest.raises(AutotuneError, match="above max_position_embeddings 16"):
         autotune.recommend(hf_config=str(small_config(tmp_path)), seq_len=32, global_batch=2)
-    result = runner.invoke(app, ["estimate", "--hf-config", str(TINY), "--seq-len", "256", "-b", "1"])
+    result = runner.invoke(
+        app, ["estimate", "--hf-config", str(TINY), "--seq-len", "256", "-b", "1"]
+    )
     assert result.exit_code == 2 and "above max_position_embeddings 128" in result.stderr
