@@ -75,7 +75,7 @@ def default_guard(nproc: int) -> int:
 
 
 def tune_model(
-    model_path: str,
+    model_path: str | None = None,
     *,
     global_batch: int,
     nproc: int = 1,
@@ -89,18 +89,55 @@ def tune_model(
     trial_timeout: float = 600.0,
     runner: TrialRunner | None = None,
     progress: Callable[[Progress], None] | None = None,
+    hf_config: str | None = None,
+    hf_model: str | None = None,
+    seq_len: int | None = None,
     **options: Any,
 ) -> TuneRecord:
     """Everything ``autotune tune`` does before and around :func:`tune`.
 
     Reads or takes a short profile, asks the policy for its plan and the estimate
     for every plan's fit, then searches with real trials. ``options`` go to
-    :func:`tune` (trials, budget_s, storage, study_name, repeats).
+    :func:`tune` (trials, budget_s, storage, study_name, repeats; the study's name
+    defaults to ``<model stem>-g<global batch>-n<nproc>``). Instead of
+    ``model_path``, ``hf_config`` or ``hf_model`` with ``seq_len`` name a Hugging
+    Face model (:func:`autotune.runtime.hf.model_source`).
     """
-    if not Path(model_path).is_file():
-        raise AutotuneError(f"{model_path}: no such model file")
+    from autotune.runtime.hf import model_source
+
     if global_batch < 1 or nproc < 1 or global_batch % nproc:
         raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
+    with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len) as src:
+        if options.get("study_name") is None:
+            options["study_name"] = f"{src.stem}-g{global_batch}-n{nproc}"
+        return _tune_file(
+            str(src.path), src.label, global_batch=global_batch, nproc=nproc, device=device,
+            device_memory=device_memory, profile_path=profile_path, policy_path=policy_path,
+            baseline=baseline, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
+            runner=runner, progress=progress, **options,
+        )  # fmt: skip
+
+
+def _tune_file(
+    model_path: str,
+    label: str,
+    *,
+    global_batch: int,
+    nproc: int,
+    device: str,
+    device_memory: int | None,
+    profile_path: str | None,
+    policy_path: str | None,
+    baseline: Plan | None,
+    steps: int,
+    warmup: int,
+    trial_timeout: float,
+    runner: TrialRunner | None,
+    progress: Callable[[Progress], None] | None,
+    **options: Any,
+) -> TuneRecord:
+    if not Path(model_path).is_file():
+        raise AutotuneError(f"{model_path}: no such model file")
     record = load_profile(model_path, profile_path, global_batch // nproc, device)
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
@@ -117,7 +154,7 @@ def tune_model(
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
     tuned = tune(
-        settings.model_file, global_batch=global_batch, settings=settings,
+        label, global_batch=global_batch, settings=settings,
         runner=runner or SubprocessRunner(), nproc=nproc, blocks=stack.count if stack else 0,
         policy=policy, baseline=baseline, predict=make_predict(record, device_memory),
         code_changes=changes, progress=progress, **options,
@@ -130,7 +167,7 @@ def tune_model(
 
 
 def recommend(
-    model_file_or_callables: str | Path | Mapping[str, Callable[..., Any]],
+    model_file_or_callables: str | Path | Mapping[str, Callable[..., Any]] | None = None,
     *,
     global_batch: int,
     world_size: int = 1,
@@ -138,6 +175,9 @@ def recommend(
     search: bool = False,
     device: str = "auto",
     gpus_per_node: int | None = None,
+    hf_config: str | None = None,
+    hf_model: str | None = None,
+    seq_len: int | None = None,
     **options: Any,
 ) -> Recommendation:
     """The whole loop from Python: profile, then the policy's plan or a tuning search.
@@ -146,7 +186,8 @@ def recommend(
         model_file_or_callables: a model file (``build_model()`` and
             ``build_batch(batch_size)`` or ``build_dataloader(batch_size)``, optional
             ``loss_fn`` and ``build_optimizer``, as ``autotune profile`` reads it), or
-            those hooks as a dict of module-level functions.
+            those hooks as a dict of module-level functions. Omit it to give
+            ``hf_config`` or ``hf_model`` instead.
         global_batch: samples per optimizer step over all ranks, kept by every plan.
         world_size: data-parallel ranks the plan is for (with ``search``, trials
             run this many processes here).
@@ -155,6 +196,11 @@ def recommend(
             real trials (``autotune tune``) and takes the measured best.
         device: where to profile and run trials (``auto``, ``cpu``, ``cuda``).
         gpus_per_node: devices per node, when ``world_size`` spans several nodes.
+        hf_config: a transformers config (``config.json``, model directory or Hub
+            name) to build with random init and feed synthetic token batches.
+        hf_model: weights to load with ``from_pretrained`` (a local directory, or a
+            Hub name), fed synthetic token batches.
+        seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
         **options: passed on to the search when ``search`` is true (``trials``,
             ``budget_s``, ``steps``, ``storage``, ``runner``, ...).
 
@@ -170,9 +216,14 @@ def recommend(
             f"recommend: global_batch {global_batch} must be a positive multiple of world_size {world_size}"
         )
     if not isinstance(model_file_or_callables, Mapping):
-        return _recommend(Path(model_file_or_callables), search, global_batch=global_batch,
-                          world_size=world_size, device_memory=device_memory, device=device,
-                          gpus_per_node=gpus_per_node, **options)  # fmt: skip
+        from autotune.runtime.hf import model_source
+
+        with model_source(model_file_or_callables, hf_config=hf_config, hf_model=hf_model,
+                          seq_len=seq_len) as source:  # fmt: skip
+            rec = _recommend(source.path, search, global_batch=global_batch,
+                             world_size=world_size, device_memory=device_memory, device=device,
+                             gpus_per_node=gpus_per_node, **options)  # fmt: skip
+        return rec.model_copy(update={"model_file": source.label})
     with tempfile.TemporaryDirectory(prefix="autotune-hooks-") as directory:
         shim = Path(directory) / "hooks.py"
         shim.write_text(hooks_model_file(model_file_or_callables), encoding="utf-8")
@@ -291,7 +342,7 @@ def deepspeed_config(
 
 
 def confirm(
-    model_path: str | Path,
+    model_path: str | Path | None = None,
     *,
     batch_size: int,
     profile: ProfileRecord | None = None,
@@ -302,12 +353,15 @@ def confirm(
     loss_tolerance: float = 0.05,
     max_changes: int = 8,
     progress: Callable[[str], None] | None = None,
+    hf_config: str | None = None,
+    hf_model: str | None = None,
+    seq_len: int | None = None,
     **suggest_options: Any,
 ) -> ConfirmRecord:
     """Profile a baseline, then measure each proposed change against what was kept so far.
 
     Args:
-        model_path: the user's model file.
+        model_path: the user's model file (or ``hf_config``/``hf_model`` with ``seq_len``).
         batch_size: micro-batch of the baseline.
         profile: a saved baseline profile (default: profile the model now).
         device: where the steps run (``cpu``, ``cuda``, ``cuda:1``).
@@ -317,34 +371,51 @@ def confirm(
         loss_tolerance: largest relative difference of the mean loss accepted.
         max_changes: most changes proposed in one session.
         progress: called with one line per event (the CLI prints them to stderr).
+        hf_config: a transformers config instead of a model file (random init, token batches).
+        hf_model: weights to load with ``from_pretrained`` instead of a model file.
+        seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
         **suggest_options: passed to :func:`autotune.policy.suggest` (device_memory, policy_path...).
     """
-    from autotune.runtime.ab import measure
-    from autotune.runtime.modelfile import load_model_file
-    from autotune.runtime.profiler import profile as run_profile
+    from autotune.runtime.hf import model_source
 
     if steps < 1 or repeats < 1:
         raise AutotuneError("--steps and --repeats must be at least 1")
-    say = progress or (lambda line: None)
-    model_file = load_model_file(model_path)
-    if profile is None:
-        say(f"profiling the baseline at batch size {batch_size}")
-        profile = run_profile(
-            model_path, batch_size=batch_size, steps=max(steps, 3), warmup=warmup,
-            device=device, precision="fp32", checkpointing=False,
-        )  # fmt: skip
-    elif profile.config.batch_size != batch_size:
+    if profile is not None and profile.config.batch_size != batch_size:
         raise AutotuneError(
             f"--batch-size {batch_size} differs from the profile's batch size "
             f"{profile.config.batch_size}"
         )
+    with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len) as src:
+        return _confirm_file(
+            src.path, src.label, batch_size=batch_size, profile=profile, device=device,
+            steps=steps, repeats=repeats, warmup=warmup, loss_tolerance=loss_tolerance,
+            max_changes=max_changes, say=progress or (lambda line: None), **suggest_options,
+        )  # fmt: skip
+
+
+def _confirm_file(
+    path: Path, label: str, *, batch_size: int, profile: ProfileRecord | None, device: str,
+    steps: int, repeats: int, warmup: int, loss_tolerance: float, max_changes: int,
+    say: Callable[[str], None], **suggest_options: Any,
+) -> ConfirmRecord:  # fmt: skip
+    from autotune.runtime.ab import measure
+    from autotune.runtime.modelfile import load_model_file
+    from autotune.runtime.profiler import profile as run_profile
+
+    model_file = load_model_file(path)
+    if profile is None:
+        say(f"profiling the baseline at batch size {batch_size}")
+        profile = run_profile(
+            path, batch_size=batch_size, steps=max(steps, 3), warmup=warmup,
+            device=device, precision="fp32", checkpointing=False, label=label,
+        )  # fmt: skip
 
     def measure_pair(before: Plan, after: Plan) -> dict[str, Any]:
         return measure(model_file, before, after, device=device, steps=steps, repeats=repeats,
                        warmup=warmup)  # fmt: skip
 
     return confirm_changes(
-        profile, measure_pair, model_file=str(model_path), device=device, repeats=repeats,
+        profile, measure_pair, model_file=label, device=device, repeats=repeats,
         steps=steps, loss_tolerance=loss_tolerance, max_changes=max_changes, progress=say,
         **suggest_options,
     )  # fmt: skip

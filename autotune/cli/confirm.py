@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from autotune.cli import _source
 from autotune.cli._common import console, err_console, print_json, user_errors
 
 
@@ -15,9 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def confirm_command(
-    model: Path = typer.Argument(
-        ..., help="The model file (build_model, build_batch or build_dataloader)."
-    ),
+    model: Path | None = _source.MODEL,
     batch_size: int = typer.Option(..., "--batch-size", "-b", help="Micro-batch of the baseline."),
     profile: Path | None = typer.Option(
         None, "--profile", help="Reuse a saved baseline profile instead of profiling now."
@@ -43,6 +42,9 @@ def confirm_command(
         Path("autotune-confirm.json"), "--output", "-o", help="Where the session log is written."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the session log as JSON only."),
+    hf_config: str | None = _source.HF_CONFIG,
+    hf_model: str | None = _source.HF_MODEL,
+    seq_len: int | None = _source.SEQ_LEN,
 ) -> None:
     """Profile a baseline, then keep each proposed change only if measured faster (or needed to fit)."""
     with user_errors():
@@ -71,6 +73,9 @@ def confirm_command(
             device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
             global_batch=global_batch,
             policy_path=policy,
+            hf_config=hf_config,
+            hf_model=hf_model,
+            seq_len=seq_len,
         )
         write_record(output, record)
         if json_output:

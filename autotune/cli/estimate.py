@@ -20,7 +20,7 @@ from autotune.records import AutotuneError, format_bytes, format_count, parse_by
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from autotune.estimator import EstimateRecord, ModelFacts
+    from autotune.estimator import ClaimCheck, EstimateRecord, ModelFacts
     from autotune.records import Plan, ProfileRecord
 
 
@@ -77,8 +77,11 @@ def estimate_command(
     ),
     mfu: float | None = typer.Option(None, "--mfu", min=0.0, max=1.0, help="Assumed MFU for days."),
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", min=0.0, help="Device peak."),
-    check: str | None = typer.Option(
-        None, "--check", help='e.g. "stage=3,world_size=8,memory=3GB".'
+    check: list[str] = typer.Option(
+        [],
+        "--check",
+        help='A table row to check, e.g. "stage=3,world_size=8,memory=3GB" or '
+        '"ckpt=all,tokens_per_s=2150,tflops=185.2,device=A100" (repeatable).',
     ),
     as_json: bool = typer.Option(False, "--json", help="Print only the JSON record on stdout."),
 ) -> None:
@@ -89,6 +92,9 @@ def estimate_command(
     or --hf-config on fake tensors (no memory allocated, nothing downloaded).
     """
     with user_errors():
+        from autotune.cli._check import read_check
+
+        checks = [read_check(text) for text in check]
         profile = profiles[0] if profiles else None
         base, ckpt_all = _base_plan(batch_size, precision, checkpointing, profile)
         base = _with_devices(base, world_size, gpus_per_node, nodes)
@@ -110,7 +116,10 @@ def estimate_command(
             train_tokens=parse_count(train_tokens, "--train-tokens") if train_tokens else None,
             mfu=mfu,
             peak_flops=peak_tflops * 1e12 if peak_tflops else None,
-            claim=_claim(check, base) if check else None,
+            claims=[
+                spec.claim(base, facts.num_layers, peak_tflops * 1e12 if peak_tflops else None)
+                for spec in checks
+            ],
         )
         if as_json:
             print_json(record)
@@ -254,25 +263,6 @@ def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> 
     return [parse_plan(text, base) for text in plans]
 
 
-def _claim(text: str, base: Plan) -> tuple[Plan, int]:
-    """``stage=3,world_size=8,memory=3GB`` into a plan and the claimed bytes per device."""
-    from autotune.records import parse_plan
-
-    knobs, memory = [], None
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if key == "memory":
-            memory = parse_bytes(value, "--check memory")
-        elif key == "world_size":
-            knobs += [f"gpus_per_node={value.strip()}", "nodes=1"]
-        else:
-            knobs.append(item)
-    if memory is None:
-        raise AutotuneError(f"--check {text!r}: needs memory=SIZE (the claimed per-device memory)")
-    return parse_plan(",".join(knobs), base, flag="--check"), memory
-
-
 def _unit(record: EstimateRecord) -> tuple[str, float]:
     """One unit for the whole table: MiB for small models, GiB otherwise."""
     largest = max(est.memory.peak for est in record.plans)
@@ -357,6 +347,20 @@ def _footer(record: EstimateRecord) -> list[str]:
     ]
     notes = sorted({note for est in record.plans for note in est.notes})
     lines += [f"note: {note}" for note in notes]
-    if record.check is not None:
-        lines.append(f"claim check ({record.check.plan.describe()}): {record.check.explanation}")
+    for check in record.checks:
+        lines.append(f"claim check ({check.plan.describe()}): {_verdict(check)}")
+        parts = [check.memory.explanation] if check.memory else []
+        parts += check.throughput.findings if check.throughput else []
+        lines += [f"  {part}" for part in parts]
     return lines
+
+
+def _verdict(check: ClaimCheck) -> str:
+    """``possible``, or ``impossible`` with what cannot be true."""
+    memory, rates = check.memory, check.throughput
+    problems = [] if memory is None or memory.possible else ["memory below the model-state floor"]
+    if rates is not None and rates.consistent is False:
+        problems.append("the stated figures disagree")
+    if rates is not None and rates.under_peak is False:
+        problems.append("over the device's peak")
+    return f"impossible ({'; '.join(problems)})" if problems else "possible"

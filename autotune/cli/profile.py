@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from autotune.cli import _source
 from autotune.cli._common import (
     PrecisionChoice,
     Switch,
@@ -25,9 +26,7 @@ if TYPE_CHECKING:
 
 
 def profile_command(
-    model: Path = typer.Argument(
-        ..., help="The model file (build_model, build_batch or build_dataloader)."
-    ),
+    model: Path | None = _source.MODEL,
     batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="Samples per step."),
     steps: int = typer.Option(20, "--steps", min=1, help="Timed steps (medians reported)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Steps run first and dropped."),
@@ -42,9 +41,12 @@ def profile_command(
         Path("autotune-profile.json"), "--out", "-o", help="Where the JSON record is written."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print only the JSON record on stdout."),
+    hf_config: str | None = _source.HF_CONFIG,
+    hf_model: str | None = _source.HF_MODEL,
+    seq_len: int | None = _source.SEQ_LEN,
 ) -> None:
     """Run real training steps of MODEL and measure memory, time, FLOPs and the device."""
-    with user_errors():
+    with user_errors(), _source.model_source(model, hf_config, hf_model, seq_len) as source:
         if not (out.parent if str(out.parent) else Path(".")).is_dir():
             raise AutotuneError(f"--out {out}: directory {out.parent} does not exist")
         from autotune.runtime.profiler import profile
@@ -52,7 +54,8 @@ def profile_command(
         # Rebuilt from the parsed options (all of them, defaults included), so two
         # records say exactly how they differ however the command was typed.
         command = shlex.join(
-            ["autotune", "profile", str(model), "--batch-size", str(batch_size)]
+            ["autotune", "profile", *_source.source_args(model, hf_config, hf_model, seq_len)]
+            + ["--batch-size", str(batch_size)]
             + ["--steps", str(steps), "--warmup", str(warmup), "--device", device]
             + ["--precision", precision.value, "--checkpointing", checkpointing.value]
             + ["--out", str(out)]
@@ -60,7 +63,7 @@ def profile_command(
         )
         with _progress() as progress:
             record = profile(
-                model,
+                source.path,
                 batch_size=batch_size,
                 steps=steps,
                 warmup=warmup,
@@ -69,6 +72,7 @@ def profile_command(
                 checkpointing=checkpointing is Switch.on,
                 progress=progress,
                 command=command,
+                label=source.label,
             )
         from autotune.records import write_record
 

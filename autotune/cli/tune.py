@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from autotune.cli import _source
 from autotune.cli._common import console, err_console, print_json, user_errors
 from autotune.records import format_bytes, parse_bytes
 
@@ -18,7 +19,7 @@ def register(app: typer.Typer) -> None:
 
 
 def tune_command(
-    model: Path = typer.Argument(..., help="The model file (build_model, build_batch or build_dataloader)."),
+    model: Path | None = _source.MODEL,
     global_batch: int = typer.Option(..., "--global-batch", help="Samples per optimizer step, kept by every plan."),
     nproc: int = typer.Option(1, "--nproc", help="Ranks per trial (torchrun); ZeRO stages are searched when > 1."),
     trials: int = typer.Option(20, "--trials", help="Plans to measure (pruned plans do not count)."),
@@ -26,7 +27,7 @@ def tune_command(
     trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a trial's process group is killed."),
     device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
-    study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file, global batch and nproc)."),
+    study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
     warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
     repeats: int = typer.Option(3, "--repeats", help="Interleaved re-runs of best, baseline and runner-up."),
@@ -36,6 +37,9 @@ def tune_command(
     policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json and ds_config.json go."),
     json_output: bool = typer.Option(False, "--json", help="Print the tune record as JSON only."),
+    hf_config: str | None = _source.HF_CONFIG,
+    hf_model: str | None = _source.HF_MODEL,
+    seq_len: int | None = _source.SEQ_LEN,
 ) -> None:  # fmt: skip
     """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest."""
     with user_errors():
@@ -48,13 +52,14 @@ def tune_command(
         base = _baseline(baseline, per_rank, nproc) if baseline else None
         with _ProgressView(trials, quiet=False) as view:
             record = tune_model(
-                str(model), global_batch=global_batch, nproc=nproc, device=device,
+                str(model) if model else None, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
+                global_batch=global_batch, nproc=nproc, device=device,
                 device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
                 profile_path=str(profile) if profile else None, policy_path=str(policy) if policy else None,
                 baseline=base, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
                 progress=view.update, trials=trials,
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
-                storage=storage, study_name=study or f"{model.stem}-g{global_batch}-n{nproc}",
+                storage=storage, study_name=study,
                 repeats=repeats,
             )  # fmt: skip
         written = _write_outputs(record, out_dir, nproc)

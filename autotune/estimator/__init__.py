@@ -3,12 +3,21 @@
 Where to change what: the ZeRO model-state, bucket, communication and offload formulas live in
 ``_zero.py`` (their one home); activations, FLOPs and step time in ``_costmodel.py``; the peak's
 moments in ``_peakmodel.py``; facts read from a profile in ``_modelfacts.py``; claim checks in
-``_claims.py``; the per-plan estimator and its records in ``_estimator.py``. No torch.
+``_claims.py`` (throughput against FLOPs per token in ``_throughput.py``, the GPU peak table in
+``_peaks.py``); the per-plan estimator and its records in ``_estimator.py``. No torch.
 """
 
 from __future__ import annotations
 
-from autotune.estimator._claims import ClaimCheck, check_claim, plan_train_days
+from autotune.estimator._claims import (
+    Claim,
+    ClaimCheck,
+    MemoryCheck,
+    check_claim,
+    check_memory,
+    claim_peak,
+    plan_train_days,
+)
 from autotune.estimator._costmodel import (
     ADAM_STATE_BYTES,
     SECONDS_PER_DAY,
@@ -19,6 +28,7 @@ from autotune.estimator._costmodel import (
     activation_peak,
     communicated_bytes_per_element,
     flops_per_token,
+    recompute_flops_per_token,
     saved_activations,
     step_seconds,
     tokens_per_second_at_mfu,
@@ -47,6 +57,13 @@ from autotune.estimator._modelfacts import (
     fit_step_time,
 )
 from autotune.estimator._peakmodel import CATEGORIES, Moments, moments, predict_peak
+from autotune.estimator._peaks import (
+    DENSE_PEAKS,
+    PEAK_DTYPE,
+    device_peak_flops,
+    table_peak_flops,
+)
+from autotune.estimator._throughput import ThroughputCheck, check_throughput, plan_flops_per_token
 from autotune.estimator._zero import (
     BUCKET_ALIGNMENT,
     BUCKET_SIZE,
@@ -73,19 +90,24 @@ __all__ = [
     "Baseline",
     "BaselineTime",
     "CATEGORIES",
+    "Claim",
     "ClaimCheck",
+    "DENSE_PEAKS",
     "DEFAULT_MARGIN",
     "EstimateRecord",
     "MARGIN_NOTE",
+    "MemoryCheck",
     "MemoryEstimate",
     "ModelFacts",
     "Moments",
     "PAPER_K",
+    "PEAK_DTYPE",
     "PlanEstimate",
     "SECONDS_PER_DAY",
     "Source",
     "StateBytes",
     "TracedMoment",
+    "ThroughputCheck",
     "WEIGHT_BYTES",
     "activation_peak",
     "activation_spec",
@@ -93,8 +115,12 @@ __all__ = [
     "bucket_bytes",
     "bucket_elements",
     "check_claim",
+    "check_memory",
+    "check_throughput",
+    "claim_peak",
     "communicated_bytes_per_element",
     "communication_elements",
+    "device_peak_flops",
     "estimate",
     "estimate_plan",
     "facts_from_profile",
@@ -105,12 +131,15 @@ __all__ = [
     "moments",
     "offload_bytes_per_step",
     "paper_floor",
+    "plan_flops_per_token",
     "plan_grid",
     "plan_train_days",
     "predict_peak",
+    "recompute_flops_per_token",
     "saved_activations",
     "states_for",
     "step_seconds",
+    "table_peak_flops",
     "tokens_per_second_at_mfu",
     "train_days",
     "transfer_seconds",

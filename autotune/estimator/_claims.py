@@ -1,23 +1,53 @@
-"""Two questions the seeds raise, answered by formula: is a claimed memory possible, how many days.
+"""Questions the seeds raise, answered by formula: is a stated memory possible, do a stated
+throughput and TFLOPS agree with each other and with the device's peak, how many days.
 
 Pure: no torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from autotune.estimator import _costmodel as cm
 from autotune.estimator import _zero as zero
-from autotune.estimator._modelfacts import ModelFacts, block_share
-from autotune.records import Plan
+from autotune.estimator._modelfacts import ModelFacts
+from autotune.estimator._peaks import PEAK_DTYPE, device_peak_flops
+from autotune.estimator._throughput import ThroughputCheck, check_throughput, plan_flops_per_token
+from autotune.records import AutotuneError, Plan
 from autotune.records import Record as _Record
 
 
-class ClaimCheck(_Record):
-    """Whether a stated per-device memory is physically possible for a plan."""
+@dataclass(frozen=True)
+class Claim:
+    """One row of a table to check: a plan and what the row states (``None``: not stated).
+
+    Attributes:
+        plan: the row's plan (devices, stage, offload, checkpointed blocks).
+        text: the row as the user wrote it.
+        memory_bytes: claimed memory per device.
+        tokens_per_s: claimed tokens per second per device.
+        tflops: claimed TFLOP/s per device.
+        mfu: claimed model FLOPs utilisation.
+        device: a GPU named in :data:`DENSE_PEAKS` (its peak bounds the row).
+        peak_flops: the peak FLOP/s per device when no ``device`` is named.
+        peak_dtype: which peak of ``device`` (default: the plan precision's).
+    """
 
     plan: Plan
+    text: str = ""
+    memory_bytes: int | None = None
+    tokens_per_s: float | None = None
+    tflops: float | None = None
+    mfu: float | None = None
+    device: str | None = None
+    peak_flops: float | None = None
+    peak_dtype: str | None = None
+
+
+class MemoryCheck(_Record):
+    """Whether a stated per-device memory can hold the plan's model states at all."""
+
     claimed_bytes: int
     floor_bytes: int
     floor_parameters: int
@@ -26,6 +56,17 @@ class ClaimCheck(_Record):
     possible: bool
     explanation: str
     source: Literal["formula"] = "formula"
+
+
+class ClaimCheck(_Record):
+    """One checked row: its memory and throughput parts, and whether it can be true."""
+
+    claim: str
+    plan: Plan
+    memory: MemoryCheck | None = None
+    throughput: ThroughputCheck | None = None
+    possible: bool
+    explanation: str
 
 
 def plan_train_days(
@@ -41,8 +82,8 @@ def plan_train_days(
 
     A measured baseline's tokens/s is scaled by the plan's tokens per step and
     predicted step time (same precision only); otherwise an assumed MFU of the
-    device's peak FLOPs gives the throughput (6 psi + 12 L h s FLOPs per token,
-    the recomputation of checkpointed blocks counted as extra hardware work).
+    device's peak FLOPs gives the throughput (:func:`plan_flops_per_token`, the
+    recomputation of checkpointed blocks counted as extra hardware work).
     """
     base = facts.baseline
     if mfu is None and base and base.tokens_per_s and ratio:
@@ -56,21 +97,13 @@ def plan_train_days(
             None,
             "needs a measured throughput, or --mfu with a peak FLOP rate and a sequence length",
         )
-    per_token = cm.flops_per_token(
-        facts.trainable_parameters - facts.embedding_parameters,
-        facts.num_layers,
-        facts.hidden_size or 0,
-        facts.seq_len,
-    )
-    share = (
-        block_share(facts) * plan.checkpoint_blocks / facts.num_layers if facts.num_layers else 0.0
-    )
-    recompute = 1.0 + share / 3.0  # one more forward (1/3 of the work) of the recomputed share
-    rate = cm.tokens_per_second_at_mfu(mfu, peak, plan.world_size, per_token * recompute)
+    _, hardware = plan_flops_per_token(facts, plan.checkpoint_blocks)
+    # The assumed utilisation covers the recomputed forwards too.
+    rate = cm.tokens_per_second_at_mfu(mfu, peak, plan.world_size, hardware)
     return cm.train_days(tokens, rate), f"MFU {mfu:g} of {peak / 1e12:g} TFLOPS per device"
 
 
-def check_claim(facts: ModelFacts, plan: Plan, claimed_bytes: int) -> ClaimCheck:
+def check_memory(facts: ModelFacts, plan: Plan, claimed_bytes: int) -> MemoryCheck:
     """Whether ``claimed_bytes`` per device can hold the plan's model states at all.
 
     The floor is the ZeRO paper's (2 + 2 + 12) psi sharded by the plan's stage,
@@ -90,8 +123,7 @@ def check_claim(facts: ModelFacts, plan: Plan, claimed_bytes: int) -> ClaimCheck
         f"+ optimizer states {optimizer / 1e9:.2f} GB), claimed {claimed_bytes / 1e9:.2f} GB; "
         "formula, not a measurement"
     )
-    return ClaimCheck(
-        plan=plan,
+    return MemoryCheck(
         claimed_bytes=claimed_bytes,
         floor_bytes=round(total),
         floor_parameters=round(params),
@@ -100,3 +132,49 @@ def check_claim(facts: ModelFacts, plan: Plan, claimed_bytes: int) -> ClaimCheck
         possible=possible,
         explanation=explanation,
     )
+
+
+def check_claim(facts: ModelFacts, claim: Claim) -> ClaimCheck:
+    """Check every figure a row states: memory against the floor, throughput against physics.
+
+    Raises:
+        AutotuneError: the row states nothing to check, or throughput without a
+            sequence length and hidden size to count FLOPs with.
+    """
+    memory = None
+    if claim.memory_bytes is not None:
+        memory = check_memory(facts, claim.plan, claim.memory_bytes)
+    throughput = None
+    if any(v is not None for v in (claim.tokens_per_s, claim.tflops, claim.mfu)):
+        peak, dtype = claim_peak(claim)
+        throughput = check_throughput(
+            facts, claim.plan, tokens_per_s=claim.tokens_per_s, tflops=claim.tflops,
+            mfu=claim.mfu, peak_flops=peak, device=claim.device, peak_dtype=dtype,
+        )  # fmt: skip
+    if memory is None and throughput is None:
+        raise AutotuneError(
+            f"--check {claim.text!r}: states nothing to check "
+            "(memory=, tokens_per_s=, tflops= or mfu=)"
+        )
+    parts = [memory.explanation] if memory else []
+    parts += throughput.findings if throughput else []
+    possible = (memory is None or memory.possible) and (
+        throughput is None
+        or (throughput.consistent is not False and throughput.under_peak is not False)
+    )
+    return ClaimCheck(
+        claim=claim.text,
+        plan=claim.plan,
+        memory=memory,
+        throughput=throughput,
+        possible=possible,
+        explanation="; ".join(parts),
+    )
+
+
+def claim_peak(claim: Claim) -> tuple[float | None, str | None]:
+    """The peak FLOP/s bounding a row and the dtype it is for (``None``: no peak known)."""
+    dtype = claim.peak_dtype or PEAK_DTYPE[claim.plan.precision]
+    if claim.device is not None:
+        return device_peak_flops(claim.device, dtype, "--check device"), dtype
+    return claim.peak_flops, (dtype if claim.peak_flops else None)

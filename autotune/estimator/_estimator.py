@@ -6,11 +6,13 @@ from a trace without allocation (``autotune.runtime.trace``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field
 
 from autotune.estimator import _costmodel as cm
 from autotune.estimator import _zero as zero
-from autotune.estimator._claims import ClaimCheck, check_claim, plan_train_days
+from autotune.estimator._claims import Claim, ClaimCheck, check_claim, plan_train_days
 from autotune.estimator._modelfacts import (
     ActivationSpec,
     Baseline,
@@ -101,7 +103,9 @@ class EstimateRecord(_Record):
     )
     train_tokens: int | None = None
     plans: list[PlanEstimate]
-    check: ClaimCheck | None = None
+    checks: list[ClaimCheck] = Field(
+        default_factory=list, description="stated figures checked against the formulas"
+    )
 
 
 def _baseline_time(facts: ModelFacts, reference: Plan) -> tuple[cm.BaselineTime, Source]:
@@ -295,7 +299,7 @@ def estimate(
     train_tokens: int | None = None,
     mfu: float | None = None,
     peak_flops: float | None = None,
-    claim: tuple[Plan, int] | None = None,
+    claims: Sequence[Claim] = (),
 ) -> EstimateRecord:
     """Predict every plan in ``plans``; see :func:`estimate_plan` for the per-plan figures.
 
@@ -311,7 +315,8 @@ def estimate(
         train_tokens: token budget for the days-to-train figure.
         mfu: assumed model FLOPs utilisation for days to train.
         peak_flops: per-device peak FLOP/s for days to train.
-        claim: a plan and a claimed per-device memory to check against the floor.
+        claims: rows of a table (a plan and the memory, throughput, TFLOPS or MFU it states)
+            to check against the model-state floor, the FLOPs per token and the peak.
     """
     reference = facts.baseline.plan if facts.baseline else (reference or plans[0])
     results = []
@@ -349,5 +354,5 @@ def estimate(
         baseline=reference,
         train_tokens=train_tokens,
         plans=results,
-        check=check_claim(facts, *claim) if claim else None,
+        checks=[check_claim(facts, claim) for claim in claims],
     )

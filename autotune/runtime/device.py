@@ -10,24 +10,9 @@ from typing import Any
 
 import torch
 
+from autotune.estimator import table_peak_flops
 from autotune.records import AutotuneError, Capabilities, NvmlSample
 
-# Dense peak FLOP/s per GPU (vendor datasheets, SXM parts; no sparsity), by dtype.
-_GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
-    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("H800", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
-    ("A800", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
-    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),
-    ("A10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12}),
-    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}),
-    ("V100", {"bf16": 0.0, "fp16": 125e12, "fp32": 15.7e12}),
-    ("T4", {"bf16": 0.0, "fp16": 65e12, "fp32": 8.1e12}),
-    ("RTX 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}),
-    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12}),
-)
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -165,10 +150,10 @@ def peak_flops(device: torch.device, dtype: str) -> tuple[float | None, str | No
         rate = max(matmul_flops(device, _DTYPES[dtype]), matmul_flops(device, torch.float32))
         return rate, "measured_matmul", None
     name = device_name(device)
-    for key, peaks in _GPU_PEAKS:
-        if key in name and peaks.get(dtype):
-            return peaks[dtype], "table", None
-    return None, None, f"{name!r} is not in the table of known GPU peaks"
+    value = table_peak_flops(name, dtype)
+    if value is not None:
+        return value, "table", None
+    return None, None, f"{name!r} is not in the table of known GPU peaks (no dense {dtype} peak)"
 
 
 def versions() -> dict[str, str | None]:

@@ -69,6 +69,7 @@ def profile(
     checkpointing: bool = False,
     progress: Progress | None = None,
     command: str | None = None,
+    label: str | None = None,
 ) -> ProfileRecord:
     """Measure the model file's training step: memory, time, compute, environment.
 
@@ -82,6 +83,8 @@ def profile(
         checkpointing: checkpoint every block of the model's block stack.
         progress: called with ``(phase, done, total)``.
         command: the command line to record (default: ``sys.argv``).
+        label: how the record names the model (default: the file's path); e.g.
+            ``hf-config CONFIG --seq-len N`` for a generated model file.
 
     Raises:
         AutotuneError: a bad option or anything wrong with the model file.
@@ -124,7 +127,7 @@ def profile(
         ),
         compute=_utilisation(compute, step_time.step, device_obj, peak, peak_source),
         environment=environment,
-        provenance=_provenance(model_file, command),
+        provenance=_provenance(model_file, command, label),
     )
 
 
@@ -410,10 +413,10 @@ def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
     )
 
 
-def _provenance(model_file: ModelFile, command: str | None) -> Provenance:
+def _provenance(model_file: ModelFile, command: str | None, label: str | None) -> Provenance:
     return Provenance(
         command=command or " ".join(sys.argv),
-        model_file=str(model_file.path),
+        model_file=label or str(model_file.path),
         model_sha256=model_file.sha256,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         autotune_version=__version__,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +22,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree
 
 from autotune.estimator import ActivationSpec, ModelFacts, TracedMoment
-from autotune.records import AutotuneError, Plan
-from autotune.runtime import blocks
+from autotune.records import Plan
+from autotune.runtime import blocks, hf
 from autotune.runtime import memory as mem
 from autotune.runtime.blocks import apply_checkpointing, find_block_stack, unique_parameter_count
 from autotune.runtime.modelfile import ModelFile, load_model_file
@@ -297,29 +296,13 @@ def facts_from_model_file(
 
 
 def load_hf_config(path: str | Path) -> Any:
-    """A transformers config from a local ``config.json`` (no downloads).
+    """A transformers config from a ``config.json``, a model directory or a Hub name
+    (:func:`autotune.runtime.hf.load_config`), without the KV cache, with SDPA attention.
 
     Raises:
         AutotuneError: naming the file when it is missing, not JSON, or not a known model type.
     """
-    source = Path(path)
-    try:
-        data = json.loads(source.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AutotuneError(f"--hf-config {source}: no such file") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise AutotuneError(f"--hf-config {source}: cannot read JSON ({exc})") from None
-    if not isinstance(data, dict) or "model_type" not in data:
-        raise AutotuneError(
-            f"--hf-config {source}: no model_type field (not a transformers config)"
-        )
-    import transformers
-
-    kind = data.pop("model_type")
-    try:
-        return transformers.AutoConfig.for_model(kind, **data)
-    except (ValueError, TypeError) as exc:
-        raise AutotuneError(f"--hf-config {source}: model_type {kind!r}: {exc}") from None
+    return hf.load_config(path)
 
 
 def facts_from_hf_config(
@@ -341,16 +324,10 @@ def facts_from_hf_config(
     """
     import transformers
 
-    if seq_len < 1:
-        raise AutotuneError(f"--seq-len: {seq_len} must be at least 1")
     config = load_hf_config(path)
-    config.use_cache = False
     config._attn_implementation = "sdpa"
-    try:
-        with torch.device("meta"):
-            meta = transformers.AutoModelForCausalLM.from_config(config)
-    except ValueError as exc:
-        raise AutotuneError(f"--hf-config {path}: not a causal language model ({exc})") from None
+    hf.check_seq_len(config, seq_len, f"--hf-config {path}")
+    meta = hf.check_buildable(config, f"--hf-config {path}")
     layers = getattr(config, "num_hidden_layers", None)
     short = config.__class__.from_dict(
         {**config.to_dict(), "num_hidden_layers": min(trace_layers, layers or trace_layers)}

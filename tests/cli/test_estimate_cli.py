@@ -83,6 +83,10 @@ def test_all_plans_for_several_devices(profile_json: Path) -> None:
         (["--world-size", "2", "--nodes", "2"], "--world-size"),
         (["--device-memory", "lots"], "--device-memory"),
         (["--seq-len", "128"], "--seq-len"),
+        (["--check", "tokens_per_s=fast"], "tokens_per_s=fast"),
+        (["--check", "tflops=-3"], "tflops=-3"),
+        (["--check", "tflops=100,device=B200"], "B200"),
+        (["--check", "ckpt=some,tflops=100"], "--check"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -141,8 +145,9 @@ def test_llama_7b_config_on_four_devices() -> None:
     # DeepSpeed accounting, stage 2: (2 + 18/N) psi
     states = memory["parameters"] + memory["gradients"] + memory["optimizer_states"]
     assert states == pytest.approx((2 + 18 / 4) * 6_738_415_616, rel=1e-6)
-    assert record["check"]["possible"] is False
-    assert record["check"]["floor_bytes"] / 1e9 == pytest.approx(37.06, abs=0.01)
+    (check,) = record["checks"]
+    assert check["possible"] is False
+    assert check["memory"]["floor_bytes"] / 1e9 == pytest.approx(37.06, abs=0.01)
 
 
 def test_repeated_profiles_refine_the_time(profile_json: Path, tmp_path: Path) -> None:
@@ -205,3 +210,31 @@ def test_train_days_from_an_assumed_mfu_on_llama_7b() -> None:
     per_token = 6 * non_embedding + 12 * 32 * 4096 * 4096
     days = 300e9 * per_token / (0.4 * 312e12 * 8) / 86_400
     assert plan["train_days"] == pytest.approx(days, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_seed_throughput_rows_against_hand_counted_flops() -> None:
+    config = json.loads((CONFIGS / "llama2_7b.json").read_text())
+    h, f, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    block = 4 * h * h + 3 * h * f + 2 * h
+    non_embedding = config["vocab_size"] * h + layers * block + h  # head, blocks, final norm
+    per_token = 6 * non_embedding + 12 * layers * h * 4096
+    recomputed = per_token + layers * (2 * block + 4 * h * 4096)
+    rows = ["tokens_per_s=1240,tflops=112.5,device=A100",
+            "ckpt=all,tokens_per_s=2150,tflops=185.2,device=A100"]  # fmt: skip
+    args = ["estimate", "--hf-config", str(CONFIGS / "llama2_7b.json"), "--seq-len", "4096"]
+    args += ["-b", "2", "--precision", "bf16"] + [arg for row in rows for arg in ("--check", row)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    first, second = (check["throughput"] for check in json.loads(result.stdout)["checks"])
+    assert first["model_flops_per_token"] == per_token
+    assert first["implied_model_tflops"] == pytest.approx(1240 * per_token / 1e12)  # ~57.1
+    assert second["recomputed_blocks"] == layers
+    assert second["implied_hardware_tflops"] == pytest.approx(2150 * recomputed / 1e12)  # ~131.6
+    assert [c["consistent"] for c in (first, second)] == [False, False]
+    assert [c["under_peak"] for c in (first, second)] == [True, True]
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert f"{112.5 / (1240 * per_token / 1e12):.2f}x" in text.stdout  # 1.97x
+    assert f"{185.2 / (2150 * recomputed / 1e12):.2f}x" in text.stdout  # 1.41x
+    assert "312 TFLOPS" in text.stdout and "under the peak" in text.stdout

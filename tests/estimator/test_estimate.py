@@ -9,6 +9,7 @@ from _profiles import hand_profile as make_profile
 
 from autotune.estimator import (
     ActivationSpec,
+    Claim,
     EstimateRecord,
     ModelFacts,
     estimate,
@@ -186,7 +187,7 @@ def test_estimate_record_with_claim_and_train_days() -> None:
         train_tokens=300 * 10**9,
         mfu=0.4,
         peak_flops=312e12,
-        claim=(plans[1], 17_200_000_000),
+        claims=[Claim(plans[1], memory_bytes=17_200_000_000)],
     )
     assert isinstance(record, EstimateRecord)
     assert [p.memory.peak for p in record.plans] == sorted(
@@ -200,18 +201,19 @@ def test_estimate_record_with_claim_and_train_days() -> None:
     for plan in record.plans:
         assert plan.train_days is not None
         assert plan.train_days == pytest.approx(days, rel=1e-9)
-    assert record.check is not None
-    assert record.check.possible is False
-    assert record.check.floor_bytes == pytest.approx((2 + 14 / 4) * 7e9, rel=1e-6)
-    assert "impossible" in record.check.explanation
+    (check,) = record.checks
+    assert check.possible is False and check.memory is not None and check.throughput is None
+    assert check.memory.floor_bytes == pytest.approx((2 + 14 / 4) * 7e9, rel=1e-6)
+    assert "impossible" in check.explanation
 
 
 def test_claim_above_the_floor_is_possible() -> None:
     facts = traced_facts()
     plan = Plan(precision="bf16", zero_stage=3, gpus_per_node=8)
-    record = estimate(facts, [plan], claim=(plan, 15 * 10**9))
-    assert record.check is not None and record.check.possible
-    assert record.check.floor_bytes == pytest.approx(16 * 7e9 / 8)
+    record = estimate(facts, [plan], claims=[Claim(plan, memory_bytes=15 * 10**9)])
+    (check,) = record.checks
+    assert check.possible and check.memory is not None
+    assert check.memory.floor_bytes == pytest.approx(16 * 7e9 / 8)
 
 
 def test_plan_grid_keeps_samples_per_device_and_covers_the_knobs() -> None:
