@@ -39,8 +39,9 @@ CATEGORIES = (
 def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, Source]:
     """Bytes of every category at each moment the plan's step can peak.
 
-    The only temporaries counted are DeepSpeed's gradient buckets: live through
-    backward at stages 1-2, through the whole step at stage 3.
+    The temporaries counted here are the ones the plan fixes in advance: DeepSpeed's
+    gradient buckets and, for ZeRO engines, what :func:`zero.engine_moments` lists
+    (the reduction's flattened copy, the optimizer's temporaries at its step).
     """
     states = zero.states_for(facts, plan)
     buckets = zero.bucket_bytes(facts, plan)
@@ -81,6 +82,15 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
             "activations": inputs + fig.block(b),
             "autocast_weight_copies": spec.block_autocast_weight_copies if amp else 0.0,
         }
+    engine = zero.engine_moments(facts, plan)
+    if engine is not None:
+        # A ZeRO engine's own buffers replace the plain-torch states at every moment, and
+        # the end of backward (its reduction) is a moment of its own.
+        result["reduce"] = {**result["optimizer"], "temporaries": 0.0}
+        for name, held in (("backward", "backward"), ("recompute", "backward"),
+                           ("reduce", "reduce"), ("optimizer", "optimizer")):  # fmt: skip
+            if name in result:
+                result[name].update(engine[held])
     return result, states, spec.source
 
 
@@ -151,13 +161,14 @@ def predict_peak(
     per_act = measured / moment_act if moment != "optimizer" and moment_act else 0.0
     totals, temps = {}, {}
     for name, sizes in new.items():
+        late = zero.late_temporaries(facts, plan) if name in ("backward", "recompute") else 0.0
         if name == moment and name in old:
             scale = plan.micro_batch / base.plan.micro_batch
-            totals[name], temps[name] = _rescaled(live, old[name], sizes, moment, scale)
+            totals[name], temps[name] = _rescaled(live, old[name], sizes, moment, scale, late)
         else:
             scaled = per_act * sizes["activations"] if name != "optimizer" else 0.0
-            temps[name] = scaled + sizes["temporaries"]
-            totals[name] = sum(sizes.values()) + scaled
+            temps[name] = max(scaled, late) + sizes["temporaries"] - late
+            totals[name] = sum(sizes.values()) - sizes["temporaries"] + temps[name]
     kind = "measured" if base is facts.baseline else "traced step"
     if plan == base.plan:
         return float(base.peak), live["temporaries"], f"{moment} ({kind})", states, source
@@ -179,13 +190,19 @@ def _buckets_note(how: str, buckets: float) -> str:
 
 
 def _rescaled(
-    live: dict[str, float], old: dict[str, float], new: dict[str, float], moment: str, scale: float
+    live: dict[str, float],
+    old: dict[str, float],
+    new: dict[str, float],
+    moment: str,
+    scale: float,
+    late: float = 0.0,
 ) -> tuple[float, float]:
     """The measured moment with each category scaled by new/old.
 
     Temporaries follow what makes them: the recomputed block's activations, the
     micro-batch (``scale``, new/old) at the start of backward, nothing at the
     optimizer step; the plans' own (DeepSpeed's buckets) are swapped, old for new.
+    ``late`` of the new ones appear only once the loss's own buffers are gone.
     """
     total = 0.0
     for c in CATEGORIES:
@@ -201,5 +218,6 @@ def _rescaled(
         ratio = scale
     else:  # the optimizer's: independent of the batch
         ratio = 1.0
-    temps = max(live["temporaries"] - old["temporaries"], 0.0) * ratio + new["temporaries"]
+    measured = max(live["temporaries"] - old["temporaries"], 0.0) * ratio
+    temps = max(measured, late) + new["temporaries"] - late
     return total + temps, temps

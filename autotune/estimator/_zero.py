@@ -255,3 +255,131 @@ def bucket_bytes(facts: ModelFacts, plan: Plan) -> float:
         bucket_elements=bucket_elements(facts.parameters),
         precision=plan.precision,
     )
+
+
+ZeroMoments = dict[str, dict[str, float]]
+"""moment (backward, reduce, optimizer) -> bytes of parameters, gradients, optimizer_states,
+temporaries held by a ZeRO engine at that moment, per rank."""
+
+
+def zero_engine_bytes(
+    *,
+    parameters: float,
+    trainable: float,
+    precision: str,
+    zero_stage: int,
+    world_size: int,
+    bucket_elements: float,
+    grad_accum: int = 1,
+    largest_parameter: float = 0.0,
+    optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
+) -> ZeroMoments:
+    """What a DeepSpeed ZeRO 1-3 engine allocates per rank, at each moment the step can peak.
+
+    Read from deepspeed 0.19's ``stage_1_and_2.py`` (s12), ``stage3.py`` (s3),
+    ``partitioned_param_coordinator.py`` and torch's ``adam.py``, for the configs the
+    emitter writes (``overlap_comm``, ``contiguous_gradients``, buckets of
+    ``bucket_elements``, a torch client optimizer), and checked per rank against
+    torch's memory profiler (``bench/zero_peaks.py``):
+
+    - stages 1-2 hold the flat 16-bit (or fp32) weights (s12:505), an fp32 master
+      partition even in fp32 training (s12:560) and the optimizer's moments on it;
+      two gradient buckets from a backward's first gradient to its end (s12:3266,
+      3275), every ``.grad`` a view into the first; at the end of a backward the
+      whole bucket is flattened once more for the all-reduce (s12:2367);
+    - under accumulation stage 2 keeps the gradient partition of the earlier
+      micro-batches (s12:1039) and stage 1 the full ``.grad`` (no reduction off the
+      boundary, s12:2293);
+    - at the optimizer step the fp32 gradient partition (s12:3118) and Adam's two
+      temporaries of the flat partition (adam.py's single-tensor path) are live;
+    - stage 3 holds its partitions, a gradient partition buffer from the start
+      (s3:791) and one bucket (s3:782); the fp32 master aliases the partition in
+      fp32 training (s3:1167); with ``stage3_max_reuse_distance`` at its default
+      every gathered parameter stays gathered from forward to backward (ppc:652).
+
+    The partition ``P`` is ``trainable / N``; a partition boundary may cut one
+    parameter, which then counts whole (``largest_parameter`` bounds it).
+    """
+    n = max(world_size, 1)
+    w = WEIGHT_BYTES[precision]
+    part = trainable / n
+    # s12:2186-2192: a parameter cut by the partition's edge counts whole (one edge per rank)
+    boundary = min(trainable, part + largest_parameter)
+    flatten = w * min(bucket_elements, trainable) if n > 1 else 0.0
+    step = {"gradients": 4.0 * part, "temporaries": 2 * 4.0 * part}
+    if zero_stage >= 3:
+        master = 0.0 if w == 4 else 4.0 * part
+        base = {
+            "parameters": w * part,
+            "optimizer_states": master + optimizer_bytes_per_param * part,
+            "gradients": w * part,
+        }
+        bucket = w * bucket_elements
+        gathered = w * parameters
+        return {
+            "backward": {
+                **base,
+                "parameters": base["parameters"] + gathered,
+                "temporaries": bucket,
+            },
+            "reduce": {**base, "temporaries": bucket + max(gathered, flatten)},
+            "optimizer": {
+                **base,
+                "gradients": base["gradients"] + step["gradients"],
+                "temporaries": bucket + step["temporaries"],
+            },
+        }
+    base = {
+        "parameters": w * parameters,
+        "optimizer_states": (4.0 + optimizer_bytes_per_param) * part,
+    }
+    buckets = zero_bucket_bytes(
+        zero_stage=zero_stage, bucket_elements=bucket_elements, precision=precision
+    )
+    if zero_stage == 1:
+        earlier = w * trainable if grad_accum > 1 else 0.0
+        reduce_grads = earlier
+    else:
+        earlier = w * boundary if grad_accum > 1 else 0.0
+        reduce_grads = earlier + w * boundary
+    return {
+        "backward": {**base, "gradients": earlier, "temporaries": buckets},
+        "reduce": {**base, "gradients": reduce_grads, "temporaries": buckets + flatten},
+        "optimizer": {**base, **step},
+    }
+
+
+def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
+    """:func:`zero_engine_bytes` for a plan, or ``None`` where it does not apply.
+
+    It applies to ZeRO stages 1-3 without an offload that frees device memory.
+    """
+    offloads = plan.offload_optimizer != "none" or plan.offload_param != "none"
+    if plan.zero_stage < 1 or (offloads and facts.device_type != "cpu"):
+        return None
+    return zero_engine_bytes(
+        parameters=facts.parameters,
+        trainable=facts.trainable_parameters,
+        precision=plan.precision,
+        zero_stage=plan.zero_stage,
+        world_size=plan.world_size,
+        bucket_elements=bucket_elements(facts.parameters),
+        grad_accum=plan.grad_accum,
+        largest_parameter=facts.largest_layer_parameters,
+        optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+    )
+
+
+def late_temporaries(facts: ModelFacts, plan: Plan) -> float:
+    """Of a ZeRO 1-2 engine's backward temporaries, the bytes made at its first gradient.
+
+    The buckets are allocated when the first parameter's gradient arrives, after the
+    loss's own backward buffers are freed, so the two never coexist; except under
+    stage 1 with accumulation, whose buckets stay from the first micro-batch to the
+    boundary (no reduction off the boundary, s12:2293).
+    """
+    if engine_moments(facts, plan) is None or plan.zero_stage >= 3:
+        return 0.0
+    if plan.zero_stage == 1 and plan.grad_accum > 1:
+        return 0.0
+    return bucket_bytes(facts, plan)

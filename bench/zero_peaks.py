@@ -1,0 +1,187 @@
+"""Per-rank peak of DeepSpeed ZeRO plans: predicted, measured by autotune's trial, and by torch.
+
+For each plan, three figures per rank:
+- predicted: ``autotune estimate`` from one single-process profile of the model file;
+- trial: what ``autotune tune`` judges on (a real trial, ``SubprocessRunner``, live tensor bytes);
+- torch: torch.profiler's memory timeline inside each rank over one optimizer step (after a
+  warm-up step) of the same DeepSpeed engine and config: the independent instrument.
+
+Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py MODEL.py --profile-batch 2 \\
+         --plans "stage=1,mb=2,ga=2" "stage=2,mb=2,ga=2" "stage=3,mb=2,ga=2" [--nproc 2]
+Prints a markdown table (bytes in MiB) and the worst error of the predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the profiler reference lives with the tests
+
+MIB = 2**20
+_ATTEMPTS = 4
+
+
+def _step(model_file: Any, engine: Any, batches: Any, grad_accum: int) -> None:
+    """One optimizer step of the engine: ``grad_accum`` micro-batches."""
+    for _ in range(grad_accum):
+        batch = model_file.move(next(batches), engine.device)
+        loss = model_file.loss(engine, batch)
+        engine.backward(loss)
+        engine.step()
+        del loss, batch
+
+
+def rank_main(plans_path: str, out_path: str) -> None:
+    """One rank: every plan's engine, a warm-up step, then one step under torch.profiler."""
+    import contextlib
+    import gc
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from _reference import _peak
+    from torch.profiler import ProfilerActivity, profile
+
+    from autotune.emit import emit_deepspeed_config
+    from autotune.records import Plan
+    from autotune.runtime.modelfile import load_model_file
+
+    job = json.loads(Path(plans_path).read_text())
+    model_file = load_model_file(job["model"])
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = []
+    for text in job["plans"]:
+        plan = Plan.model_validate_json(text)
+        torch.manual_seed(0)
+        model = model_file.build_model()
+        optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
+        parameters = sum(p.numel() for p in model.parameters())
+        config = emit_deepspeed_config(plan, world_size=world, parameters=parameters).config
+        with contextlib.redirect_stdout(sys.stderr):
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        batches = model_file.batches(plan.micro_batch)
+        step = functools.partial(_step, model_file, engine, batches, plan.grad_accum)
+        step()
+        for attempt in range(_ATTEMPTS):
+            gc.collect()
+            # Everything alive now is the engine's state (flat buffers and partitions are
+            # not all reachable from the model or the optimizer): all of it counts as present.
+            keep = {
+                obj.untyped_storage().data_ptr()
+                for obj in gc.get_objects()
+                if isinstance(obj, torch.Tensor) and obj.device.type == "cpu"
+            }
+            with profile(
+                activities=[ProfilerActivity.CPU],
+                profile_memory=True,
+                record_shapes=True,
+                with_stack=True,
+            ) as prof:
+                step()
+            try:
+                reference = _peak(prof, keep)
+                break
+            except AssertionError:
+                # torch's data-flow analysis sometimes trips over flatten_dense_tensors
+                # reusing an address ("duplicate outputs"): profile the next step instead.
+                if attempt + 1 == _ATTEMPTS:
+                    raise
+        results.append({"peak": reference.peak, "at_peak": reference.at_peak})
+        engine.destroy()
+        del engine, model, optimizer
+        gc.collect()
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, results)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(gathered))
+    dist.barrier()
+
+
+def _torch_peaks(model: str, plans: list[Any], nproc: int, work: Path) -> list[list[dict]]:
+    job = work / "job.json"
+    job.write_text(json.dumps({"model": model, "plans": [p.model_dump_json() for p in plans]}))
+    out = work / "out.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={nproc}", __file__, "--rank-worker", str(job), str(out),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, timeout=3600)
+    per_rank = json.loads(out.read_text())
+    return [[rank[i] for rank in per_rank] for i in range(len(plans))]
+
+
+def _trial_peaks(model: str, plans: list[Any], work: Path) -> list[list[int]]:
+    from autotune.search import SubprocessRunner, TrialSettings
+
+    runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=work / "trials")
+    settings = TrialSettings(model_file=model, steps=1, warmup=1, device="cpu", timeout_s=1800)
+    peaks = []
+    for plan in plans:
+        report = runner.run(plan, settings)
+        if report.result is None or not report.result.peak_memory_bytes:
+            raise SystemExit(f"trial of {plan.describe()} failed: {report.stderr_tail[-800:]}")
+        peaks.append(report.result.peak_memory_bytes)
+    return peaks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--plans", nargs="+", required=True)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--profile-batch", type=int, default=2)
+    args = parser.parse_args()
+    from autotune.estimator import estimate_plan, facts_from_profile
+    from autotune.records import parse_plan
+    from autotune.runtime.profiler import profile
+
+    started = time.time()
+    model = str(Path(args.model).resolve())
+    plans = [parse_plan(f"{text},gpus={args.nproc}") for text in args.plans]
+    record = profile(model, batch_size=args.profile_batch, steps=2, warmup=1, device="cpu")
+    facts = facts_from_profile(record)
+    predicted = [estimate_plan(facts, plan).memory for plan in plans]
+    with tempfile.TemporaryDirectory(prefix="zero-peaks-") as directory:
+        work = Path(directory)
+        trials = _trial_peaks(model, plans, work)
+        torch_peaks = _torch_peaks(model, plans, args.nproc, work)
+    print(f"model {Path(args.model).name}: {record.model.parameters:,} parameters; "
+          f"profile at micro-batch {args.profile_batch}, {args.nproc} ranks")  # fmt: skip
+    print(
+        "\n| plan | rank | predicted MiB | trial (live tensors) MiB | torch.profiler MiB "
+        "| predicted vs torch | torch's categories at its peak (MiB) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    worst = (0.0, "")
+    for plan, memory, trial, ranks in zip(plans, predicted, trials, torch_peaks, strict=True):
+        for rank, (live, measured) in enumerate(zip(trial, ranks, strict=True)):
+            error = memory.peak / measured["peak"] - 1
+            if abs(error) > abs(worst[0]):
+                worst = (error, f"{plan.describe()} rank {rank}")
+            parts = ", ".join(
+                f"{name} {size / MIB:.2f}" for name, size in measured["at_peak"].items() if size
+            )
+            print(f"| {plan.describe()} | {rank} | {memory.peak / MIB:.2f} | {live / MIB:.2f} "
+                  f"| {measured['peak'] / MIB:.2f} | {100 * error:+.1f}% | {parts} |")  # fmt: skip
+    print(f"\nworst prediction vs torch.profiler: {100 * worst[0]:+.1f}% ({worst[1]})")
+    print(f"{len(plans)} plans in {time.time() - started:.0f} s; command: {' '.join(sys.argv)}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
+        rank_main(sys.argv[2], sys.argv[3])
+    else:
+        main()
