@@ -3,8 +3,8 @@
 For each plan, three figures per rank:
 - predicted: ``autotune estimate`` from one single-process profile of the model file;
 - trial: what ``autotune tune`` judges on (a real trial, ``SubprocessRunner``, live tensor bytes);
-- torch: torch.profiler's memory timeline inside each rank over one optimizer step (after a
-  warm-up step) of the same DeepSpeed engine and config: the independent instrument.
+- torch: torch.profiler's memory timeline inside each rank over one optimizer step (after
+  three warm-up steps) of the same DeepSpeed engine and config: the independent instrument.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py MODEL.py --profile-batch 2 \\
          --plans "stage=1,mb=2,ga=2" "stage=2,mb=2,ga=2" "stage=3,mb=2,ga=2" [--nproc 2]
@@ -31,6 +31,9 @@ sys.path.insert(0, str(REPO / "tests"))  # the profiler reference lives with the
 
 MIB = 2**20
 _ATTEMPTS = 4
+_WARMUP = 3
+"""Steps before the measured one: stage 3 traces its parameter order over the first two
+and only then keeps gathered parameters for their reuse (its steady state)."""
 
 
 def _step(model_file: Any, engine: Any, batches: Any, grad_accum: int) -> None:
@@ -44,7 +47,7 @@ def _step(model_file: Any, engine: Any, batches: Any, grad_accum: int) -> None:
 
 
 def rank_main(plans_path: str, out_path: str) -> None:
-    """One rank: every plan's engine, a warm-up step, then one step under torch.profiler."""
+    """One rank: every plan's engine, warm-up steps, then one step under torch.profiler."""
     import contextlib
     import gc
 
@@ -74,7 +77,8 @@ def rank_main(plans_path: str, out_path: str) -> None:
             engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         batches = model_file.batches(plan.micro_batch)
         step = functools.partial(_step, model_file, engine, batches, plan.grad_accum)
-        step()
+        for _ in range(_WARMUP):
+            step()
         for attempt in range(_ATTEMPTS):
             gc.collect()
             # Everything alive now is the engine's state (flat buffers and partitions are
@@ -127,7 +131,8 @@ def _trial_peaks(model: str, plans: list[Any], work: Path) -> list[list[int]]:
     from autotune.search import SubprocessRunner, TrialSettings
 
     runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=work / "trials")
-    settings = TrialSettings(model_file=model, steps=1, warmup=1, device="cpu", timeout_s=1800)
+    # the tracked step is the fourth, as the profiled one in each rank (stage 3 steady state)
+    settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu", timeout_s=1800)
     peaks = []
     for plan in plans:
         report = runner.run(plan, settings)
