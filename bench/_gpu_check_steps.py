@@ -120,9 +120,16 @@ def autotune_cli() -> list[str]:
     return [sys.executable, "-c", shim]
 
 
-def _failed(results: Results, step: str, done: Done, what: str) -> None:
-    """Record a child that failed or was stopped, with the end of its log."""
-    why = "stopped at the time limit" if done.returncode is None else f"exit {done.returncode}"
+def _failed(run: Run, results: Results, step: str, done: Done, what: str) -> None:
+    """Record a child that failed, with the end of its log; one stopped at the deadline is a note."""
+    if done.returncode is None and run.stopped:
+        results.skipped.append(f"{step}: stopped at the time limit")
+        return
+    why = (
+        f"timed out after {done.seconds:.0f} s"
+        if done.returncode is None
+        else f"exit {done.returncode}"
+    )
     lines = done.log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
     results.errors.append((step, f"{what}: {why}", "\n".join(lines)))
 
@@ -142,7 +149,7 @@ def run_pytest(run: Run, results: Results) -> None:
         failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
         results.errors.append(("pytest -m gpu", summary, "\n".join(failed[-LOG_TAIL:])))
     elif done.returncode is None:
-        _failed(results, "pytest -m gpu", done, "pytest")
+        _failed(run, results, "pytest -m gpu", done, "pytest")
 
 
 def _plan_args(keys: list[PlanKey]) -> list[str]:
@@ -156,7 +163,7 @@ def _estimates(
     cmd = [*autotune_cli(), "estimate", *args, *_plan_args(keys), "--json"]
     done = run.command(name, cmd, cap=180, env=env)
     if done.returncode != 0:
-        _failed(results, name, done, " ".join(cmd[len(autotune_cli()) :]))
+        _failed(run, results, name, done, " ".join(cmd[len(autotune_cli()) :]))
         return {}
     record = json.loads(done.stdout)
     results.commands[name] = "autotune " + " ".join(cmd[len(autotune_cli()) :])
@@ -193,7 +200,7 @@ def run_profiles(run: Run, results: Results) -> None:
                "--warmup", str(cfg.profile_warmup), "--out", str(path), "--json"]  # fmt: skip
         done = run.command(f"profile-{key.slug()}", cmd, cap=180)
         if done.returncode != 0:
-            _failed(results, f"profile {key.label()}", done, "autotune profile")
+            _failed(run, results, f"profile {key.label()}", done, "autotune profile")
             continue
         results.commands.setdefault("profile", "autotune " + " ".join(cmd[len(autotune_cli()) :]))
         results.measured[key] = Measured.from_profile(
@@ -257,7 +264,11 @@ def run_tune(run: Run, results: Results) -> None:
     import _gpu_check_tune as tune
 
     results.tune = tune.run_tune(run, autotune_cli())
-    if results.tune.error is not None:
+    if results.tune.error is not None and run.stopped:
+        results.skipped.append(
+            "autotune tune: stopped at the time limit (its finished trials are above)"
+        )
+    elif results.tune.error is not None:
         results.errors.append(("autotune tune", results.tune.error, results.tune.log_tail))
 
 
