@@ -347,3 +347,17 @@ def test_deepspeed_import_on_a_gpu_machine_leaves_the_accelerator_to_deepspeed(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert deepspeed_version() is not None
     assert "DS_ACCELERATOR" not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("precision", "scaled"), [("fp16", True), ("bf16", False), ("fp32", False)]
+)
+def test_fp16_autocast_steps_through_a_dynamic_loss_scaler(
+    mlp: Path, precision: str, scaled: bool
+) -> None:
+    runner = TrainRunner(load_model_file(mlp), micro_batch=2, precision=precision)  # type: ignore[arg-type]
+    timing = runner.step()
+    assert runner.scaler.is_enabled() is scaled
+    if scaled:  # torch's GradScaler starts at 2**16 and halves on inf/NaN gradients
+        assert 0 < runner.scaler.get_scale() <= 2.0**16
+    assert timing.loss == timing.loss  # not NaN: the scaled step unscaled its gradients
