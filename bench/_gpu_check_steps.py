@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,8 @@ class Run:
     deadline: float
     stopped: bool = False
     start: float = field(default_factory=time.monotonic)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Every child carries it in ``GPU_CHECK_RUN``: :meth:`sweep` finds what outlived its parent."""
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -67,7 +70,7 @@ class Run:
     def child_env(self) -> dict[str, str]:
         """What every child inherits: the model size, the accelerator, this autotune."""
         path = [str(self.repo), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
-        env = {"GPU_CHECK_MODEL": self.config.model, "PYTHONUNBUFFERED": "1",
+        env = {"GPU_CHECK_MODEL": self.config.model, "PYTHONUNBUFFERED": "1", "GPU_CHECK_RUN": self.run_id,
                "DS_ACCELERATOR": self.config.device, "PYTHONPATH": ":".join(path)}  # fmt: skip
         if self.smoke:
             env["OMP_NUM_THREADS"] = "1"  # a shared CPU: one thread per child
@@ -95,10 +98,24 @@ class Run:
                 code: int | None = proc.returncode
             except subprocess.TimeoutExpired:
                 _stop(proc)
+                self.sweep()
                 out, _ = proc.communicate()
                 code = None
                 self.stopped = self.stopped or self.left() < 10
         return Done(code, out or "", time.monotonic() - start, log)
+
+    def sweep(self) -> list[int]:
+        """SIGKILL every process of this run still alive (trial workers run in their own sessions,
+        so a stopped parent can leave one holding GPU memory); returns their ids."""
+        import psutil
+
+        killed = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.pid != os.getpid() and proc.environ().get("GPU_CHECK_RUN") == self.run_id:
+                    proc.kill()
+                    killed.append(proc.pid)
+        return killed
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -232,7 +249,7 @@ def run_deepspeed_plans(run: Run, results: Results) -> None:
 
     cfg = run.config
     for key in (k for k in run.plans() if k.precision == "bf16"):
-        if run.left() < cfg.min_seconds["DeepSpeed bf16 plans"]:
+        if run.left() < cfg.min_seconds["deepspeed"]:
             results.skipped.append(f"trial {key.label()}: not run, time limit")
             run.stopped = True
             continue
@@ -273,11 +290,12 @@ def run_tune(run: Run, results: Results) -> None:
 
 
 Step = Callable[[Run, Results], None]
-STEPS: list[tuple[str, Step]] = [
-    ("pytest -m gpu", run_pytest),
-    ("estimate (model file)", run_traced_estimate),
-    ("profiles", run_profiles),
-    ("estimate (profile)", run_profile_estimate),
-    ("autotune tune", run_tune),
-    ("DeepSpeed bf16 plans", run_deepspeed_plans),
+STEPS: list[tuple[str, str, Step]] = [
+    # (--only key, name, the step)
+    ("pytest", "pytest -m gpu", run_pytest),
+    ("trace", "estimate (model file)", run_traced_estimate),
+    ("profiles", "profiles", run_profiles),
+    ("estimate", "estimate (profile)", run_profile_estimate),
+    ("tune", "autotune tune", run_tune),
+    ("deepspeed", "DeepSpeed bf16 plans", run_deepspeed_plans),
 ]

@@ -28,6 +28,7 @@ import _gpu_check_report as report
 import _gpu_check_steps as steps
 
 REPO = Path(__file__).resolve().parents[1]
+KEYS = [key for key, _, _ in steps.STEPS]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,15 +58,15 @@ GPU = Config(
     model="1b", device="cuda", micro_batches=(2, 8), profile_steps=5, profile_warmup=2,
     trial_steps=3, trial_warmup=1, tune_ladder=(32, 16, 8, 4), trial_s=30, pytest_target=("tests",),
     time_limit=480.0,
-    min_seconds={"pytest -m gpu": 60, "estimate (model file)": 20, "profiles": 30,
-                 "estimate (profile)": 10, "autotune tune": 90, "DeepSpeed bf16 plans": 40},
+    min_seconds={"pytest": 60, "trace": 20, "profiles": 30, "estimate": 10, "tune": 90,
+                 "deepspeed": 40},
 )  # fmt: skip
 SMOKE = Config(
     model="tiny", device="cpu", micro_batches=(2,), profile_steps=2, profile_warmup=1,
     trial_steps=1, trial_warmup=0, tune_ladder=(2, 1), trial_s=20,
     pytest_target=("tests/runtime/test_gpu.py",), time_limit=300.0,
-    min_seconds={"pytest -m gpu": 10, "estimate (model file)": 10, "profiles": 15,
-                 "estimate (profile)": 5, "autotune tune": 40, "DeepSpeed bf16 plans": 20},
+    min_seconds={"pytest": 10, "trace": 10, "profiles": 15, "estimate": 5, "tune": 40,
+                 "deepspeed": 20},
 )  # fmt: skip
 
 
@@ -76,6 +77,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds of wall time (default 480; smoke 300)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None,
                         help="markdown results (default bench/RESULTS-gpu.md; smoke: in --work-dir)")  # fmt: skip
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated steps to run (default all: {','.join(KEYS)})")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="profiles, estimates, the study and logs (default: beside --out)")  # fmt: skip
     return parser.parse_args(argv)
@@ -85,6 +88,9 @@ def _bad_input(args: argparse.Namespace, config: Config) -> str | None:
     """The one-line complaint about the options, if any (checked before any work)."""
     if args.time_limit is not None and args.time_limit <= 0:
         return f"--time-limit: must be positive (got {args.time_limit})"
+    unknown = set(_only(args)) - set(KEYS)
+    if unknown:
+        return f"--only: unknown step {sorted(unknown)[0]!r} (known: {', '.join(KEYS)})"
     if not args.smoke:
         import torch
 
@@ -95,6 +101,26 @@ def _bad_input(args: argparse.Namespace, config: Config) -> str | None:
     return None
 
 
+def _only(args: argparse.Namespace) -> list[str]:
+    return [key.strip() for key in args.only.split(",") if key.strip()] if args.only else KEYS
+
+
+def _run_steps(run: steps.Run, results: report.Results, out: Path, only: list[str]) -> None:
+    """Each asked step that the time left allows; the results are rewritten after each."""
+    for key, name, step in steps.STEPS:
+        if key not in only:
+            results.skipped.append(f"{name}: not asked for (--only)")
+            continue
+        if run.left() < run.config.min_seconds[key]:
+            results.skipped.append(f"{name}: not run, {run.left():.0f} s left at the time limit")
+            run.stopped = True
+            continue
+        print(f"gpu-check: {name} ({run.left():.0f} s left)", file=sys.stderr, flush=True)
+        step(run, results)
+        results.wall_s = run.elapsed()
+        report.write(results, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every step the time allows, writing the results after each."""
     args = _arguments(argv)
@@ -103,34 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"autotune: {problem}", file=sys.stderr)
         return 2
-    out = args.out or (
-        Path("gpu-check-smoke/RESULTS-gpu.md") if args.smoke else REPO / "bench" / "RESULTS-gpu.md"
-    )
+    default = Path("gpu-check-smoke") if args.smoke else REPO / "bench"
+    out = args.out or default / "RESULTS-gpu.md"
     work = args.work_dir or out.parent / "gpu-check-work"
     work.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    run = steps.Run(
-        config=config, work=work, repo=REPO, smoke=args.smoke,
-        deadline=time.monotonic() + (args.time_limit or config.time_limit),
-    )  # fmt: skip
+    limit = args.time_limit or config.time_limit
+    run = steps.Run(config=config, work=work, repo=REPO, smoke=args.smoke,
+                    deadline=time.monotonic() + limit)  # fmt: skip
     results = report.Results(
         command=" ".join([Path(sys.executable).name, *sys.argv]),
-        environment=report.environment(config.device, REPO),
-        time_limit=args.time_limit or config.time_limit,
+        environment=report.environment(config.device, REPO), time_limit=limit,
         device_memory=report.device_memory(config.device),
-    )
+    )  # fmt: skip
     os.environ.update(run.child_env())
-    for name, step in steps.STEPS:
-        if run.left() < config.min_seconds[name]:
-            results.skipped.append(f"{name}: not run, {run.left():.0f} s left at the time limit")
-            run.stopped = True
-            continue
-        print(f"gpu-check: {name} ({run.left():.0f} s left)", file=sys.stderr, flush=True)
-        step(run, results)
-        results.wall_s = run.elapsed()
-        report.write(results, out)
-    results.stopped = run.stopped
-    results.wall_s = run.elapsed()
+    try:
+        _run_steps(run, results, out, _only(args))
+    finally:
+        left = run.sweep()
+        results.skipped += [f"process {pid} outlived its step: killed" for pid in left]
+    results.stopped, results.wall_s = run.stopped, run.elapsed()
     report.write(results, out)
     print(report.summary(results, out))
     if run.stopped:

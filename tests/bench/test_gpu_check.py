@@ -89,14 +89,21 @@ def test_a_short_time_limit_stops_the_check_with_what_it_has(tmp_path: Path) -> 
     assert left == []
 
 
-def test_a_child_past_the_deadline_is_stopped_with_its_whole_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_session", [False, True])
+def test_a_child_past_the_deadline_is_stopped_with_everything_it_started(
+    tmp_path: Path, own_session: bool
+) -> None:
+    """A grandchild in the child's group dies with it; one in its own session (as trial
+    workers are) is found by the run's mark in its environment and killed."""
     run = steps.Run(config=gpu_check.SMOKE, work=tmp_path, repo=REPO, smoke=True,
                     deadline=time.monotonic() + 7)  # fmt: skip
     pid_file = tmp_path / "grandchild.pid"
     code = ("import subprocess, sys, time; "
-            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            f"start_new_session={own_session}); "
             f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(60)")  # fmt: skip
-    done = run.command("sleeper", [sys.executable, "-c", code], cap=60)
+    env = {**os.environ, **run.child_env()}
+    done = run.command("sleeper", [sys.executable, "-c", code], cap=60, env=env)
     assert done.returncode is None and done.seconds < 30
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 5
@@ -108,6 +115,7 @@ def test_a_child_past_the_deadline_is_stopped_with_its_whole_group(tmp_path: Pat
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--smoke", "--time-limit", "0"], "autotune: --time-limit: must be positive (got 0.0)"),
+     (["--smoke", "--only", "tune,nope"], "autotune: --only: unknown step 'nope' (known: pytest,"),
      ([], "autotune: no CUDA GPU is visible")],
 )  # fmt: skip
 def test_bad_input_is_one_line_before_any_work(

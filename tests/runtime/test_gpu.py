@@ -149,7 +149,7 @@ def cuda_trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     def run(job: tuple[Plan, str]) -> Any:
         plan, model = job
-        settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cuda", timeout_s=420)
+        settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cuda", timeout_s=240)
         return runner.run(plan, settings)
 
     with ThreadPoolExecutor(len(jobs)) as pool:
