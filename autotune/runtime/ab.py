@@ -5,9 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import torch
-
 from autotune.records import AutotuneError, Plan
+from autotune.runtime import device as dev
 from autotune.runtime.modelfile import ModelFile
 from autotune.runtime.step import TrainRunner, runner_for_plan
 
@@ -72,9 +71,8 @@ def _block(runner: TrainRunner, steps: int, settle: int) -> tuple[float, list[fl
     """Mean seconds per step over ``steps`` timed steps after ``settle`` untimed ones, losses, CUDA peak."""
     for _ in range(settle):
         runner.step()
-    cuda = runner.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(runner.device)
+    dev.reset_peak_memory(runner.device)
     timings = [runner.step() for _ in range(steps)]
-    peak = int(torch.cuda.max_memory_allocated(runner.device)) if cuda else None
+    peaks = dev.allocator_peak(runner.device)
+    peak = None if peaks is None else peaks[0]
     return statistics.fmean(t.total for t in timings), [t.loss for t in timings], peak

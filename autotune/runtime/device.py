@@ -46,6 +46,28 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new allocator peak on a CUDA device (a no-op elsewhere)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def allocator_peak(device: torch.device) -> tuple[int, int] | None:
+    """``(max allocated, max reserved)`` bytes since the last reset, on a CUDA device.
+
+    Allocated is what tensors held at the worst moment; reserved is what the caching
+    allocator took from the driver (allocated plus its fragmentation and cache).
+
+    Returns:
+        ``None`` off CUDA: there the peak is counted from live tensors instead.
+    """
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
+
+
 def device_name(device: torch.device) -> str:
     """Human name of the device (GPU model, or the CPU's)."""
     if device.type == "cuda":
@@ -200,8 +222,12 @@ class NvmlSampler:
         import pynvml
 
         while not self._stop.is_set():
-            util = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
+            try:
+                util = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
+            except Exception as exc:  # NVML_ERROR_NOT_SUPPORTED on some virtual GPUs
+                self.reason = f"NVML sampling failed: {type(exc).__name__}: {exc}"
+                return
             self._samples.append((float(util.gpu), int(mem.used)))
             self._stop.wait(self.interval)
 

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.records import AtPeak
+from autotune.runtime import device as dev
 from autotune.runtime.blocks import find_block_stack, is_checkpointed
 
 _16BIT = (torch.bfloat16, torch.float16)
@@ -345,9 +346,7 @@ def track_peak(
     """
     tracker = LiveTensorTracker(device)
     out: list[PeakResult] = []
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    dev.reset_peak_memory(device)
     with tracker, count_rng_states(tracker):
         tracker.mark(model.parameters(), "parameters")
         tracker.mark(model.buffers(), "buffers")
@@ -355,11 +354,10 @@ def track_peak(
         tracker.mark(optimizer_state_tensors(optimizer), "optimizer_states")
         yield tracker, out
     parts = tracker.at_peak().model_dump()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        peak = int(torch.cuda.max_memory_allocated(device))
+    allocator = dev.allocator_peak(device)
+    if allocator is not None:
+        peak, reserved = allocator
         _absorb(parts, peak - sum(parts.values()))
-        reserved: int | None = int(torch.cuda.max_memory_reserved(device))
         out.append(PeakResult(peak, AtPeak(**parts), "cuda_max_allocated", reserved))
     else:
         out.append(PeakResult(tracker.peak, AtPeak(**parts), "cpu_live_tensors"))

@@ -165,11 +165,10 @@ def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
 
 def _cuda_peak(device: Any) -> int | None:
     """``torch.cuda.max_memory_allocated`` so far on a CUDA device, else ``None``."""
-    if getattr(device, "type", "cpu") != "cuda":
-        return None
-    import torch
+    from autotune.runtime import device as dev
 
-    return int(torch.cuda.max_memory_allocated(device))
+    peaks = dev.allocator_peak(device)
+    return None if peaks is None else peaks[0]
 
 
 def _tensors_on(device: Any) -> list[Any]:

@@ -131,6 +131,9 @@ class SubprocessRunner(TrialRunner):
         env.setdefault("OMP_NUM_THREADS", str(threads))
         if settings.device == "cpu":
             env.setdefault("DS_ACCELERATOR", "cpu")
+        elif settings.device.startswith("cuda"):
+            # An inherited DS_ACCELERATOR=cpu (CPU CI exports it) would put DeepSpeed on the host.
+            env["DS_ACCELERATOR"] = "cuda"
         if plan.world_size == 1:
             # DeepSpeed looks for MPI unless the single rank is described like this.
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")

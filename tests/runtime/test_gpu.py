@@ -1,10 +1,18 @@
-"""CUDA-only paths of the device seam: NVML sampling, the peak table, capabilities (skipped without a GPU)."""
+"""CUDA-only paths on a real GPU: the allocator peak, NVML, the peak table, capabilities, trials in
+every precision, a real out-of-memory (skipped without a GPU; tests/runtime/test_cuda_paths.py
+runs the same branches on the CPU with the driver stubbed)."""
 
 from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytestmark = pytest.mark.gpu
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_nvml_samples_utilisation_and_memory_while_the_gpu_works() -> None:
@@ -64,3 +72,111 @@ def test_flash_attn_detection_matches_a_real_import() -> None:
     except Exception:
         imported = False
     assert flash_attn_available() is imported
+
+
+def test_allocator_peak_and_reserved_bound_a_known_tensor() -> None:
+    import torch
+
+    from autotune.runtime import device as dev
+
+    device = torch.device("cuda")
+    dev.reset_peak_memory(device)
+    tensor = torch.ones(64 << 20, device=device)  # 256 MiB
+    peaks = dev.allocator_peak(device)
+    assert peaks is not None
+    allocated, reserved = peaks
+    assert tensor.numel() * tensor.element_size() <= allocated <= reserved
+
+
+def test_profile_on_cuda_reads_the_allocator_the_table_and_nvml(examples_dir: Path) -> None:
+    from autotune.runtime.profiler import profile
+
+    record = profile(examples_dir / "tiny_llama.py", batch_size=4, steps=3, warmup=1,
+                     device="cuda", precision="bf16", checkpointing=True)  # fmt: skip
+    memory, compute = record.memory, record.compute
+    assert memory.peak_source == "cuda_max_allocated"
+    assert memory.fits_judged_on == "memory.peak (torch.cuda.max_memory_allocated)"
+    assert memory.cuda_reserved is not None and memory.cuda_reserved >= memory.peak
+    assert record.environment.device_type == "cuda" and record.environment.cuda_version
+    if compute.peak_source == "table":  # a GPU in the table: MFU is a share of its datasheet peak
+        assert compute.mfu is not None and 0 < compute.mfu < 1
+    else:
+        assert "compute.peak_flops_per_s" in record.environment.unavailable
+    nvml = record.environment.nvml
+    assert nvml is not None or "nvml" in record.environment.unavailable
+
+
+# Every way a trial trains on a GPU: autocast bf16 / fp16 (GradScaler), DeepSpeed bf16 / fp16
+# weights (fp16 with dynamic loss scaling), and torch.compile.
+TRIAL_PLANS = {
+    "amp_bf16": ("precision=amp_bf16", "torch"),
+    "amp_fp16": ("precision=amp_fp16", "torch"),
+    "ds_bf16": ("precision=bf16", "deepspeed"),
+    "ds_fp16": ("precision=fp16", "deepspeed"),
+    "compile": ("precision=amp_bf16,compile=true", "torch"),
+}
+
+OOM_MODEL = """
+import torch
+
+def build_model():
+    return torch.nn.Linear(8, 1)
+
+def build_batch(batch_size):
+    return torch.randn(batch_size, 8)
+
+def loss_fn(model, batch):
+    total = torch.cuda.get_device_properties(batch.device).total_memory
+    waste = torch.empty(2 * total, dtype=torch.uint8, device=batch.device)  # can never fit
+    return model(batch).mean() + waste[:1].float().sum()
+"""
+
+
+@pytest.fixture(scope="module")
+def cuda_trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The plans above and a real out-of-memory, run at once as separate trial processes."""
+    from autotune.records import Plan, parse_plan
+    from autotune.search import SubprocessRunner, TrialSettings
+
+    folder = tmp_path_factory.mktemp("cuda-trials")
+    oom_model = folder / "oom.py"
+    oom_model.write_text(OOM_MODEL)
+    runner = SubprocessRunner(workdir=folder)
+    tiny = str(EXAMPLES / "tiny_llama.py")
+    jobs = {name: (parse_plan(text, Plan(micro_batch=2), "plan"), tiny)
+            for name, (text, _) in TRIAL_PLANS.items()}  # fmt: skip
+    jobs["oom"] = (Plan(micro_batch=2), str(oom_model))
+
+    def run(job: tuple[Plan, str]) -> Any:
+        plan, model = job
+        settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cuda", timeout_s=240)
+        return runner.run(plan, settings)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return dict(zip(jobs, pool.map(run, jobs.values()), strict=True))
+
+
+@pytest.mark.parametrize("name", list(TRIAL_PLANS))
+def test_trials_train_on_the_gpu_in_every_precision(cuda_trials: dict[str, Any], name: str) -> None:
+    from autotune.search import classify_outcome
+
+    report = cuda_trials[name]
+    result = report.result
+    outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
+    assert outcome == "ok", report.stderr_tail[-3000:]
+    assert result.engine == TRIAL_PLANS[name][1]
+    assert result.peak_source == "cuda_max_allocated" and result.peak > 0
+    assert result.loss_first is not None and math.isfinite(result.loss_first)
+    assert result.loss_last is not None and math.isfinite(result.loss_last)
+
+
+def test_a_real_cuda_out_of_memory_is_classified_oom(cuda_trials: dict[str, Any]) -> None:
+    from autotune.search import classify_outcome, outcome_reason
+
+    report = cuda_trials["oom"]
+    outcome = classify_outcome(
+        report.returncode, report.timed_out, report.result, report.stderr_tail
+    )
+    assert outcome == "oom", report.stderr_tail[-3000:]
+    reason = outcome_reason(outcome, report.result, report.stderr_tail)
+    assert reason is not None and "out of memory" in reason.lower()
