@@ -3,7 +3,7 @@
 For each plan, three figures per rank:
 - predicted: ``autotune estimate`` from one single-process profile of the model file;
 - trial: what ``autotune tune`` judges on (a real trial, ``SubprocessRunner``, live tensor bytes);
-- torch: torch.profiler's memory timeline inside each rank over one optimizer step (after
+- torch: torch.profiler's memory timeline inside each rank over two optimizer steps (after
   three warm-up steps) of the same DeepSpeed engine and config: the independent instrument.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py MODEL.py --profile-batch 2 \\
@@ -32,6 +32,9 @@ sys.path.insert(0, str(REPO / "tests"))  # the profiler reference lives with the
 MIB = 2**20
 _ATTEMPTS = 4
 _WARMUP = 3
+_PROFILED = 2
+"""Steps under the profiler: a peak is the highest over the run, and consecutive steps of one
+engine can differ (whether the last step's gradients are gone when the next one starts)."""
 """Steps before the measured one: stage 3 traces its parameter order over the first two
 and only then keeps gathered parameters for their reuse (its steady state)."""
 
@@ -59,6 +62,7 @@ def rank_main(plans_path: str, out_path: str) -> None:
 
     from autotune.emit import emit_deepspeed_config
     from autotune.records import Plan
+    from autotune.runtime.blocks import apply_checkpointing
     from autotune.runtime.modelfile import load_model_file
 
     job = json.loads(Path(plans_path).read_text())
@@ -70,6 +74,7 @@ def rank_main(plans_path: str, out_path: str) -> None:
         plan = Plan.model_validate_json(text)
         torch.manual_seed(0)
         model = model_file.build_model()
+        apply_checkpointing(model, plan.checkpoint_blocks)
         optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
         parameters = sum(p.numel() for p in model.parameters())
         config = emit_deepspeed_config(plan, world_size=world, parameters=parameters).config
@@ -94,15 +99,21 @@ def rank_main(plans_path: str, out_path: str) -> None:
                 record_shapes=True,
                 with_stack=True,
             ) as prof:
-                step()
+                for _ in range(_PROFILED):
+                    step()
             try:
-                reference = _peak(prof, keep)
-                break
+                reference: Any = _peak(prof, keep)
             except AssertionError:
                 # torch's data-flow analysis sometimes trips over flatten_dense_tensors
-                # reusing an address ("duplicate outputs"): profile the next step instead.
-                if attempt + 1 == _ATTEMPTS:
-                    raise
+                # reusing an address ("duplicate outputs"): profile the next step instead,
+                # on every rank (the ranks' steps must stay in lockstep).
+                reference = None
+            failed: list[Any] = [None] * world
+            dist.all_gather_object(failed, reference is None)
+            if not any(failed):
+                break
+            if attempt + 1 == _ATTEMPTS:
+                raise SystemExit("torch's memory profile failed on every attempt")
         results.append({"peak": reference.peak, "at_peak": reference.at_peak})
         engine.destroy()
         del engine, model, optimizer

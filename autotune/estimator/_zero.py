@@ -336,15 +336,24 @@ def zero_engine_bytes(
     buckets = zero_bucket_bytes(
         zero_stage=zero_stage, bucket_elements=bucket_elements, precision=precision
     )
+    # The reduction at the end of backward flattens the bucket (s12:2367); the gradient
+    # partition it reduces into (s12:2192) comes after that copy is freed, unless the
+    # bucket is smaller than the model; stage 1 keeps its full .grad under accumulation.
     if zero_stage == 1:
         earlier = w * trainable if grad_accum > 1 else 0.0
-        reduce_grads = earlier
+        partition = 0.0
     else:
         earlier = w * boundary if grad_accum > 1 else 0.0
-        reduce_grads = earlier + w * boundary
+        partition = w * boundary
+    small_bucket = bucket_elements < trainable
+    reduction = max(flatten + (partition if small_bucket else 0.0), partition, earlier)
     return {
         "backward": {**base, "gradients": earlier, "temporaries": buckets},
-        "reduce": {**base, "gradients": reduce_grads, "temporaries": buckets + flatten},
+        "reduce": {
+            **base,
+            "gradients": earlier if zero_stage > 1 else 0.0,
+            "temporaries": buckets + reduction,
+        },
         "optimizer": {**base, **step},
     }
 
