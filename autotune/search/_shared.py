@@ -86,6 +86,8 @@ def settle(study: Any, notes: list[str], max_wait_s: float, poll_s: float | None
             return False
         if time.monotonic() > deadline:
             numbers = ", ".join(str(t.number) for t in running)
-            notes.append(f"stopped waiting for trial(s) {numbers} of other workers after {max_wait_s:.0f} s")
+            notes.append(
+                f"stopped waiting for trial(s) {numbers} of other workers after {max_wait_s:.0f} s"
+            )
             return False
         time.sleep(poll)

@@ -184,7 +184,9 @@ def recover_stale(study: Any) -> list[int]:
     import optuna
     from optuna.trial import TrialState as State
 
-    running = {t._trial_id: t.number for t in study.get_trials(deepcopy=False, states=(State.RUNNING,))}
+    running = {
+        t._trial_id: t.number for t in study.get_trials(deepcopy=False, states=(State.RUNNING,))
+    }
     if not running:
         return []
     with warnings.catch_warnings():
@@ -234,7 +236,9 @@ def to_record(trial: Any) -> TrialRecord | None:
     state: TrialState = _STATES.get(trial.state.name, "waiting")  # type: ignore[assignment]
     fields = {key: attrs.get(key) for key in _RESULT_KEYS}
     if lost(trial):
-        fields["reason"] = "lost: its worker stopped sending heartbeats (killed, or host lost); queued again"
+        fields["reason"] = (
+            "lost: its worker stopped sending heartbeats (killed, or host lost); queued again"
+        )
     return TrialRecord(number=trial.number, plan=Plan.model_validate(attrs["plan"]),
                        role=attrs.get("role", "search"), state=state, **fields)  # fmt: skip
 

@@ -69,7 +69,6 @@ class _Search:
 
     def step(self) -> TrialRecord:
         """Ask for one plan and decide it: pruned without running, or run and measured."""
-        from optuna.trial import TrialState as State
 
         trial, plan, role = _study.ask(self.study, self.space)
         with _shared.Heartbeat(self.study, trial):
@@ -248,7 +247,9 @@ def _done(search: _Search, trials: int) -> bool:
         return False
     existing = _study.records(search.study)
     measured = sum(1 for r in existing if r.outcome is not None or r.state == "running")
-    decided = {r.plan.model_dump_json() for r in existing if r.state in ("complete", "pruned", "failed")}
+    decided = {
+        r.plan.model_dump_json() for r in existing if r.state in ("complete", "pruned", "failed")
+    }
     return measured >= trials or len(decided) >= search.space.size()
 
 
