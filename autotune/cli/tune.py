@@ -26,6 +26,7 @@ def tune_command(
     trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a trial's process group is killed."),
     device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
+    heartbeat: int = typer.Option(10, "--heartbeat", help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file, global batch and nproc)."),
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
     warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
@@ -55,7 +56,7 @@ def tune_command(
                 progress=view.update, trials=trials,
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study or f"{model.stem}-g{global_batch}-n{nproc}",
-                repeats=repeats,
+                repeats=repeats, heartbeat_s=heartbeat,
             )  # fmt: skip
         written = _write_outputs(record, out_dir, nproc)
         if json_output:

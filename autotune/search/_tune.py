@@ -193,6 +193,8 @@ def tune(
         raise AutotuneError(
             f"--baseline: global batch {base_plan.global_batch} != --global-batch {global_batch}"
         )
+    if heartbeat_s < 1:
+        raise AutotuneError(f"--heartbeat: must be at least 1 second, got {heartbeat_s}")
     study = _study.open_study(storage, study_name, seed, heartbeat_s)
     notes: list[str] = []
     _shared.recover(study, notes)
