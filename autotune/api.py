@@ -27,6 +27,8 @@ from autotune.records import (
     read_record,
 )
 from autotune.search import (
+    JOIN_TIMEOUT_S,
+    AgentRunner,
     Predict,
     Prediction,
     Progress,
@@ -52,12 +54,18 @@ def load_profile(
     return profile(model_path, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
 
 
-def make_predict(profile: ProfileRecord, device_memory: int | None) -> Predict:
-    """The estimate as a ``plan -> Prediction`` function (pure once the facts are read)."""
+def make_predict(
+    profile: ProfileRecord, device_memory: int | None, inter_gbps: float | None = None
+) -> Predict:
+    """The estimate as a ``plan -> Prediction`` function (pure once the facts are read).
+
+    ``inter_gbps``: the link between nodes, which the estimate's communication time uses
+    for plans over several nodes.
+    """
     facts = facts_from_profile(profile)
 
     def predict(plan: Plan) -> Prediction:
-        estimate = estimate_plan(facts, plan, device_memory=device_memory)
+        estimate = estimate_plan(facts, plan, device_memory=device_memory, inter_gbps=inter_gbps)
         peak = estimate.memory.peak
         if estimate.fits is not False:
             return Prediction(True, peak, estimate.source)
@@ -89,23 +97,39 @@ def tune_model(
     trial_timeout: float = 600.0,
     runner: TrialRunner | None = None,
     progress: Callable[[Progress], None] | None = None,
+    nodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    join_timeout: float = JOIN_TIMEOUT_S,
+    inter_gbps: float | None = None,
     **options: Any,
 ) -> TuneRecord:
     """Everything ``autotune tune`` does before and around :func:`tune`.
 
     Reads or takes a short profile, asks the policy for its plan and the estimate
     for every plan's fit, then searches with real trials. ``options`` go to
-    :func:`tune` (trials, budget_s, storage, study_name, repeats).
+    :func:`tune` (trials, budget_s, storage, study_name, repeats, heartbeat_s).
+    With ``nodes`` > 1 each trial spans that many nodes: an ``autotune agent`` on
+    every node launches its ``nproc`` ranks, meeting at ``rdzv_endpoint`` (HOST:PORT).
     """
     if not Path(model_path).is_file():
         raise AutotuneError(f"{model_path}: no such model file")
-    if global_batch < 1 or nproc < 1 or global_batch % nproc:
-        raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
-    record = load_profile(model_path, profile_path, global_batch // nproc, device)
+    world = nproc * nodes
+    if global_batch < 1 or nproc < 1 or nodes < 1 or global_batch % world:
+        ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes != 1 else "")
+        raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
+    if runner is None and nodes > 1:
+        if rdzv_endpoint is None:
+            raise AutotuneError(
+                f"--nnodes {nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes"
+            )
+        runner = AgentRunner(storage=options.get("storage"), study_name=options.get("study_name", "autotune"),
+                             nnodes=nodes, nproc=nproc, rdzv_endpoint=rdzv_endpoint,
+                             join_timeout_s=join_timeout)  # fmt: skip
+    record = load_profile(model_path, profile_path, global_batch // world, device)
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
-    policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
-                         global_batch=global_batch, policy_path=policy_path)  # fmt: skip
+    policy = policy_plan(record, device_memory=device_memory, world_size=world, gpus_per_node=nproc,
+                         inter_gbps=inter_gbps, global_batch=global_batch, policy_path=policy_path)  # fmt: skip
     stack = record.model.block_stack
     settings = TrialSettings(
         model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
@@ -116,12 +140,17 @@ def tune_model(
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    tuned = tune(
-        settings.model_file, global_batch=global_batch, settings=settings,
-        runner=runner or SubprocessRunner(), nproc=nproc, blocks=stack.count if stack else 0,
-        policy=policy, baseline=baseline, predict=make_predict(record, device_memory),
-        code_changes=changes, progress=progress, **options,
-    )  # fmt: skip
+    runner = runner or SubprocessRunner()
+    try:
+        tuned = tune(
+            settings.model_file, global_batch=global_batch, settings=settings, runner=runner,
+            nproc=nproc, nodes=nodes, blocks=stack.count if stack else 0, policy=policy,
+            baseline=baseline, predict=make_predict(record, device_memory, inter_gbps),
+            code_changes=changes, progress=progress, **options,
+        )  # fmt: skip
+    finally:
+        if isinstance(runner, AgentRunner):
+            runner.close()
     if tuned.recommendation is None:
         return tuned
     # The trials sized ZeRO's buckets to the model; the emitted config must do the same.

@@ -20,7 +20,11 @@ def register(app: typer.Typer) -> None:
 def tune_command(
     model: Path = typer.Argument(..., help="The model file (build_model, build_batch or build_dataloader)."),
     global_batch: int = typer.Option(..., "--global-batch", help="Samples per optimizer step, kept by every plan."),
-    nproc: int = typer.Option(1, "--nproc", help="Ranks per trial (torchrun); ZeRO stages are searched when > 1."),
+    nproc: int = typer.Option(1, "--nproc", help="Ranks per trial on each node (torchrun); ZeRO stages are searched when a trial has > 1 rank."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes per trial. > 1: this command only asks the study; `autotune agent` on every node launches the ranks."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes > 1): a free port on one of the nodes."),
+    join_timeout: float = typer.Option(120.0, "--join-timeout", help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
+    inter_gbps: float | None = typer.Option(None, "--inter-gbps", help="Link between nodes, Gbit/s: the estimate's communication time for plans over nodes."),
     trials: int = typer.Option(20, "--trials", help="Plans to measure (pruned plans do not count)."),
     budget_minutes: float | None = typer.Option(None, "--budget-minutes", help="Stop starting trials after this much trial time."),
     trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a trial's process group is killed."),
@@ -38,15 +42,25 @@ def tune_command(
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json and ds_config.json go."),
     json_output: bool = typer.Option(False, "--json", help="Print the tune record as JSON only."),
 ) -> None:  # fmt: skip
-    """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest."""
+    """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest.
+
+    Roles. This command asks the study (Optuna, in --storage) for plans and records what they
+    measured. With --nnodes 1 it also launches each trial here (torchrun for --nproc ranks).
+    Several copies of this command on one --storage and --study share the study: each runs its
+    own trials (on one machine, start each with its own CUDA_VISIBLE_DEVICES or taskset -c CPUS).
+    With --nnodes N > 1 it launches nothing: run `autotune agent --storage URL --study NAME` on
+    each of the N nodes; the agents start the ranks of every trial with torchrun, meeting at
+    --rdzv-endpoint HOST:PORT (a free port on one of the nodes). A worker or node that dies
+    stops the heartbeats of its trial, which is failed and run again.
+    """
     with user_errors():
         from autotune.api import tune_model
         from autotune.records import AutotuneError
 
         if not out_dir.is_dir():
             raise AutotuneError(f"--out-dir {out_dir}: no such directory")
-        per_rank = max(global_batch // max(nproc, 1), 1)
-        base = _baseline(baseline, per_rank, nproc) if baseline else None
+        per_rank = max(global_batch // max(nproc * nnodes, 1), 1)
+        base = _baseline(baseline, per_rank, nproc, nnodes) if baseline else None
         with _ProgressView(trials, quiet=False) as view:
             record = tune_model(
                 str(model), global_batch=global_batch, nproc=nproc, device=device,
@@ -56,20 +70,22 @@ def tune_command(
                 progress=view.update, trials=trials,
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study or f"{model.stem}-g{global_batch}-n{nproc}",
-                repeats=repeats, heartbeat_s=heartbeat,
+                repeats=repeats, heartbeat_s=heartbeat, nodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                join_timeout=join_timeout, inter_gbps=inter_gbps,
             )  # fmt: skip
-        written = _write_outputs(record, out_dir, nproc)
+        written = _write_outputs(record, out_dir, nproc * nnodes)
         if json_output:
             print_json(record)
         else:
             render(record, written)
 
 
-def _baseline(text: str, per_rank: int, nproc: int) -> Any:
+def _baseline(text: str, per_rank: int, nproc: int, nodes: int = 1) -> Any:
     """The user's plan; given only a micro-batch, accumulation keeps the global batch."""
     from autotune.records import Plan, parse_plan
 
-    plan = parse_plan(text, Plan(micro_batch=per_rank, gpus_per_node=nproc), "--baseline")
+    start = Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
+    plan = parse_plan(text, start, "--baseline")
     if "ga=" not in text and "grad_accum" not in text and per_rank % plan.micro_batch == 0:
         plan = plan.with_changes(grad_accum=per_rank // plan.micro_batch)
     return plan

@@ -73,6 +73,11 @@ def check_storage(storage: str | None) -> str:
     return url
 
 
+def creating_race(exc: BaseException) -> bool:
+    """Whether an error is the loss of a race to create the schema (retry), not a failure."""
+    return bool(_RACE.search(str(exc)))
+
+
 def _is_sqlite(path: Path) -> bool:
     with path.open("rb") as file:
         return file.read(16).startswith(_SQLITE_MAGIC)
@@ -103,7 +108,7 @@ def open_study(
         except Exception as exc:  # SQLAlchemy errors have no public base importable lazily
             # Workers started together race to create the schema: the loser retries.
             # Anything else (unreachable server, wrong host, bad password) fails at once.
-            if attempt == 4 or not _RACE.search(str(exc)):
+            if attempt == 4 or not creating_race(exc):
                 raise AutotuneError(
                     f"--storage {url}: cannot open the study: {one_line(exc)}"
                 ) from None
@@ -158,7 +163,7 @@ def distributions(space: SearchSpace) -> dict[str, Any]:
         "checkpoint_blocks": IntDistribution(0, space.blocks),
         "precision": CategoricalDistribution(list(space.precisions)),
     }
-    if space.nproc > 1:
+    if space.world > 1:
         dists["zero_stage"] = IntDistribution(0, 3)
     return dists
 

@@ -144,6 +144,7 @@ def tune(
     settings: TrialSettings,
     runner: TrialRunner,
     nproc: int = 1,
+    nodes: int = 1,
     blocks: int = 0,
     policy: Plan | None = None,
     baseline: Plan | None = None,
@@ -165,7 +166,9 @@ def tune(
         global_batch: samples per optimizer step, kept by every plan.
         settings: steps, warm-up, device, budget and timeout of each trial.
         runner: launches trials (:class:`SubprocessRunner`, or a fake in tests).
-        nproc: ranks per trial; ZeRO stages are searched when > 1.
+        nproc: ranks per node of each trial; ZeRO stages are searched when the
+            trial has more than one rank.
+        nodes: nodes of each trial (``runner`` must launch over nodes: :class:`AgentRunner`).
         blocks: L, the blocks of the model's stack (0: no checkpointing knob).
         policy: the policy's plan, run first; its other knobs hold for all trials.
         baseline: the user's current configuration (default: the whole per-rank
@@ -186,9 +189,9 @@ def tune(
     Returns:
         The record of all trials, the final comparison and the recommendation.
     """
-    space = make_space(global_batch, nproc, blocks, policy, baseline)
-    per_rank = global_batch // nproc
-    base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc)
+    space = make_space(global_batch, nproc, blocks, policy, baseline, nodes)
+    per_rank = global_batch // space.world
+    base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
     if base_plan.global_batch != global_batch:
         raise AutotuneError(
             f"--baseline: global batch {base_plan.global_batch} != --global-batch {global_batch}"
@@ -205,7 +208,7 @@ def tune(
         _study.enqueue(study, space, policy_plan, "policy")
         _study.enqueue(study, space, base_plan, "baseline")
     shapes = [base_plan, policy_plan] + (
-        [space.plan({"micro_batch": 1, "zero_stage": 1})] if nproc > 1 else []
+        [space.plan({"micro_batch": 1, "zero_stage": 1})] if space.world > 1 else []
     )
     warm = runner.warm_up(shapes, settings)
     if warm:
@@ -269,7 +272,7 @@ def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: Trial
     tokens = any(r.tokens_per_s is not None for r in ranked)
     return TuneRecord(
         model_file=model_file, study=study_name, storage=_study.storage_url(storage),
-        global_batch=global_batch, nproc=nproc, device_memory=settings.device_memory,
+        global_batch=global_batch, nproc=nproc, nodes=space.nodes, device_memory=settings.device_memory,
         objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
         comparison=comparison, recommendation=rec, notes=notes,
     )  # fmt: skip
