@@ -36,6 +36,7 @@ from autotune.search import (
     TrialRunner,
     TrialSettings,
     TuneRecord,
+    parse_endpoint,
     tune,
 )
 
@@ -82,6 +83,26 @@ def default_guard(nproc: int) -> int:
     return int(psutil.virtual_memory().available * GUARD_SHARE / nproc)
 
 
+def check_tune_options(
+    model_path: str, global_batch: int, nproc: int, nodes: int, rdzv_endpoint: str | None
+) -> None:
+    """The checks of ``autotune tune``'s options that need no work (``rdzv_endpoint=""``:
+    the caller brings its own runner).
+
+    Raises:
+        AutotuneError: one line naming the model file or the flag.
+    """
+    if not Path(model_path).is_file():
+        raise AutotuneError(f"{model_path}: no such model file")
+    if global_batch < 1 or nproc < 1 or nodes < 1 or global_batch % (nproc * nodes):
+        ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes != 1 else "")
+        raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
+    if nodes > 1 and rdzv_endpoint is None:
+        raise AutotuneError(f"--nnodes {nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes")
+    if nodes > 1 and rdzv_endpoint:
+        parse_endpoint(rdzv_endpoint)
+
+
 def tune_model(
     model_path: str,
     *,
@@ -111,17 +132,12 @@ def tune_model(
     With ``nodes`` > 1 each trial spans that many nodes: an ``autotune agent`` on
     every node launches its ``nproc`` ranks, meeting at ``rdzv_endpoint`` (HOST:PORT).
     """
-    if not Path(model_path).is_file():
-        raise AutotuneError(f"{model_path}: no such model file")
+    check_tune_options(
+        model_path, global_batch, nproc, nodes, rdzv_endpoint if runner is None else ""
+    )
     world = nproc * nodes
-    if global_batch < 1 or nproc < 1 or nodes < 1 or global_batch % world:
-        ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes != 1 else "")
-        raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
     if runner is None and nodes > 1:
-        if rdzv_endpoint is None:
-            raise AutotuneError(
-                f"--nnodes {nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes"
-            )
+        assert rdzv_endpoint is not None
         runner = AgentRunner(storage=options.get("storage"), study_name=options.get("study_name", "autotune"),
                              nnodes=nodes, nproc=nproc, rdzv_endpoint=rdzv_endpoint,
                              join_timeout_s=join_timeout)  # fmt: skip

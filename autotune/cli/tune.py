@@ -54,11 +54,14 @@ def tune_command(
     stops the heartbeats of its trial, which is failed and run again.
     """
     with user_errors():
-        from autotune.api import tune_model
+        from autotune.api import check_tune_options, tune_model
         from autotune.records import AutotuneError
 
         if not out_dir.is_dir():
             raise AutotuneError(f"--out-dir {out_dir}: no such directory")
+        check_tune_options(str(model), global_batch, nproc, nnodes, rdzv_endpoint)
+        if heartbeat < 1:
+            raise AutotuneError(f"--heartbeat: must be at least 1 second, got {heartbeat}")
         per_rank = max(global_batch // max(nproc * nnodes, 1), 1)
         base = _baseline(baseline, per_rank, nproc, nnodes) if baseline else None
         with _ProgressView(trials, quiet=False) as view:

@@ -11,6 +11,7 @@ from autotune.search._agents import (
     RendezvousLauncher,
     merge_reports,
     parse_endpoint,
+    run_job,
     serve,
     versions,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "RendezvousLauncher",
     "merge_reports",
     "parse_endpoint",
+    "run_job",
     "serve",
     "versions",
     "BASELINE",

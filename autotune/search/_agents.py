@@ -160,17 +160,16 @@ class AgentRunner(TrialRunner):
         joined_by = start + self.join_timeout_s + 5 * self.poll_s
         deadline = joined_by + settings.timeout_s + self.join_timeout_s + 30
         reports: list[dict[str, Any]] = []
+        took: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             reports = _reports(self.study, job["id"], REPORT_PREFIX)
+            took = _reports(self.study, job["id"], ACK_PREFIX)
             if len(reports) >= self.nnodes or any(_failed_to_start(r) for r in reports):
                 break
-            if (
-                time.monotonic() > joined_by
-                and len(_reports(self.study, job["id"], ACK_PREFIX)) < self.nnodes
-            ):
+            if time.monotonic() > joined_by and len(took) < self.nnodes:
                 break
             time.sleep(self.poll_s)
-        return merge_reports(reports, job, time.monotonic() - start)
+        return merge_reports(reports, job, time.monotonic() - start, took)
 
 
 def _reports(study: Any, job_id: str, kind: str) -> list[dict[str, Any]]:
@@ -184,24 +183,25 @@ def _failed_to_start(report: dict[str, Any]) -> bool:
     return report.get("returncode") not in (0, None) and not result.get("completed_steps")
 
 
-def merge_reports(
-    reports: list[dict[str, Any]], job: dict[str, Any], duration_s: float
-) -> RunReport:
+def merge_reports(reports: list[dict[str, Any]], job: dict[str, Any], duration_s: float,
+                  took: list[dict[str, Any]] | None = None) -> RunReport:  # fmt: skip
     """One :class:`RunReport` from the nodes' reports (pure).
 
-    A node that never reported makes the launch a timeout whose reason names the
-    rendezvous; the first node that failed gives the exit status and its stderr.
+    ``took``: the nodes that took the job (a report implies it). A node that never
+    took it makes the launch a timeout whose reason names the rendezvous; else the
+    first node that failed gives the exit status and its stderr.
     """
     failed = [r for r in reports if r.get("returncode") != 0 or r.get("timed_out")]
     results = [r["result"] for r in reports if r.get("result")]
     done = [x for x in results if x.get("completed_steps") and not x.get("error")]
     tail = "\n".join(f"[{r.get('host')}] {r.get('stderr_tail', '')[-1500:]}" for r in failed)
-    missing = job["nnodes"] - len(reports)
+    joined = took if took is not None and len(took) > len(reports) else reports
+    missing = job["nnodes"] - len(joined)
     if missing > 0:
-        hosts = ", ".join(str(r.get("host")) for r in reports) or "none"
+        hosts = ", ".join(str(r.get("host")) for r in joined) or "none"
         tail += (
             f"\nautotune: {missing} of {job['nnodes']} node(s) never joined the rendezvous at "
-            f"{job['rdzv_endpoint']} within {job['join_timeout']:.0f} s (nodes that reported: {hosts}); "
+            f"{job['rdzv_endpoint']} within {job['join_timeout']:.0f} s (nodes that did: {hosts}); "
             "is an `autotune agent` running on every node?"
         )
     result = (done or results or [None])[0]
