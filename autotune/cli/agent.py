@@ -18,13 +18,11 @@ def agent_command(
     idle_timeout: float = typer.Option(1800.0, "--idle-timeout", help="Exit after this many seconds without a trial to run."),
     workdir: str | None = typer.Option(None, "--workdir", help="Where spec and result files go (default: a temporary folder)."),
 ) -> None:  # fmt: skip
-    """Launch this node's ranks of every trial `autotune tune --nnodes N` posts, until it ends.
+    """Launch this node's ranks of every trial `autotune tune --nnodes K` posts, until it ends.
 
-    Run one agent on each of the N nodes (e.g. `srun --ntasks-per-node=1 autotune agent ...`).
-    The asker (`autotune tune`) puts each trial in the study; every agent reads it and starts
-    torchrun for its --nproc ranks with the c10d rendezvous at the asker's --rdzv-endpoint,
-    then writes its node's report back to the study. The model file must be at the same path
-    on every node, with the same versions of Python, torch, DeepSpeed and autotune.
+    Run one agent on each of the K nodes (e.g. `srun --ntasks-per-node=1 autotune agent ...`). The asker (`autotune tune`) puts each trial in the study; every agent reads it, starts torchrun for its --nproc ranks with the c10d rendezvous at the asker's --rdzv-endpoint, and writes its node's report back to the study.
+
+    The model file must be at the same path on every node, with the same versions of Python, torch, DeepSpeed and autotune (checked for every trial).
     """
     with user_errors():
         from autotune.search import serve

@@ -44,14 +44,11 @@ def tune_command(
 ) -> None:  # fmt: skip
     """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest.
 
-    Roles. This command asks the study (Optuna, in --storage) for plans and records what they
-    measured. With --nnodes 1 it also launches each trial here (torchrun for --nproc ranks).
-    Several copies of this command on one --storage and --study share the study: each runs its
-    own trials (on one machine, start each with its own CUDA_VISIBLE_DEVICES or taskset -c CPUS).
-    With --nnodes N > 1 it launches nothing: run `autotune agent --storage URL --study NAME` on
-    each of the N nodes; the agents start the ranks of every trial with torchrun, meeting at
-    --rdzv-endpoint HOST:PORT (a free port on one of the nodes). A worker or node that dies
-    stops the heartbeats of its trial, which is failed and run again.
+    Roles: this command asks the study (Optuna, in --storage) for plans and records what they measured. With --nnodes 1 it also launches each trial here (torchrun for --nproc ranks); several copies on one --storage and --study share the study, each running its own trials (on one machine, start each with its own CUDA_VISIBLE_DEVICES or taskset -c CPUS).
+
+    With --nnodes K > 1 it launches nothing: run `autotune agent --storage URL --study NAME` on each of the K nodes; the agents start the ranks of every trial with torchrun, meeting at the c10d rendezvous --rdzv-endpoint HOST:PORT (a free port on one of the nodes).
+
+    A worker or node that dies stops its trial's heartbeats; the trial is failed and run again.
     """
     with user_errors():
         from autotune.api import check_tune_options, tune_model

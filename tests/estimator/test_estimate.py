@@ -302,3 +302,20 @@ def test_a_checkpointed_profile_peaking_in_a_recompute_is_rescaled_there() -> No
     double = estimate_plan(facts, Plan(micro_batch=8, checkpoint_blocks=L))
     # one block's input + one block at b=8 over the same at b=4: the live tensors double
     assert double.memory.peak == pytest.approx(15 * P + 2 * 940_000, abs=2)
+
+
+def test_the_link_between_nodes_times_communication_only_for_plans_over_nodes() -> None:
+    facts = facts_from_profile(make_profile())
+    over_nodes = Plan(micro_batch=4, zero_stage=2, gpus_per_node=1, nodes=2)
+    one_node = Plan(micro_batch=4, zero_stage=2, gpus_per_node=2)
+    slow = estimate_plan(facts, over_nodes, inter_gbps=10.0, intra_gbps=1000.0)
+    fast = estimate_plan(facts, over_nodes, inter_gbps=100.0, intra_gbps=1000.0)
+    assert slow.communication_bytes_per_step == fast.communication_bytes_per_step > 0
+    # Same bytes over a link 10x slower: 10x the seconds (bytes * 8 / bits per second).
+    expected = slow.communication_bytes_per_step * 8 / 10e9
+    assert slow.communication_seconds == pytest.approx(expected)
+    assert fast.communication_seconds == pytest.approx(expected / 10)
+    inside = estimate_plan(facts, one_node, inter_gbps=10.0, intra_gbps=1000.0)
+    assert inside.communication_seconds == pytest.approx(
+        inside.communication_bytes_per_step * 8 / 1000e9
+    )
