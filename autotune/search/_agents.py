@@ -162,8 +162,9 @@ class AgentRunner(TrialRunner):
         reports: list[dict[str, Any]] = []
         took: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            reports = _reports(self.study, job["id"], REPORT_PREFIX)
-            took = _reports(self.study, job["id"], ACK_PREFIX)
+            attrs = self.study.user_attrs
+            reports = _reports(attrs, job["id"], REPORT_PREFIX)
+            took = _reports(attrs, job["id"], ACK_PREFIX)
             if len(reports) >= self.nnodes or any(_failed_to_start(r) for r in reports):
                 break
             if time.monotonic() > joined_by and len(took) < self.nnodes:
@@ -172,8 +173,7 @@ class AgentRunner(TrialRunner):
         return merge_reports(reports, job, time.monotonic() - start, took)
 
 
-def _reports(study: Any, job_id: str, kind: str) -> list[dict[str, Any]]:
-    attrs = study.user_attrs
+def _reports(attrs: dict[str, Any], job_id: str, kind: str) -> list[dict[str, Any]]:
     prefix = f"{kind}{job_id}:"
     return [value for key, value in sorted(attrs.items()) if key.startswith(prefix)]
 
