@@ -27,6 +27,8 @@ from autotune.records import (
     read_record,
 )
 from autotune.search import (
+    JOIN_TIMEOUT_S,
+    AgentRunner,
     Predict,
     Prediction,
     Progress,
@@ -34,6 +36,7 @@ from autotune.search import (
     TrialRunner,
     TrialSettings,
     TuneRecord,
+    parse_endpoint,
     tune,
 )
 
@@ -52,12 +55,18 @@ def load_profile(
     return profile(model_path, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
 
 
-def make_predict(profile: ProfileRecord, device_memory: int | None) -> Predict:
-    """The estimate as a ``plan -> Prediction`` function (pure once the facts are read)."""
+def make_predict(
+    profile: ProfileRecord, device_memory: int | None, inter_gbps: float | None = None
+) -> Predict:
+    """The estimate as a ``plan -> Prediction`` function (pure once the facts are read).
+
+    ``inter_gbps``: the link between nodes, which the estimate's communication time uses
+    for plans over several nodes.
+    """
     facts = facts_from_profile(profile)
 
     def predict(plan: Plan) -> Prediction:
-        estimate = estimate_plan(facts, plan, device_memory=device_memory)
+        estimate = estimate_plan(facts, plan, device_memory=device_memory, inter_gbps=inter_gbps)
         peak = estimate.memory.peak
         if estimate.fits is not False:
             return Prediction(True, peak, estimate.source)
@@ -72,6 +81,27 @@ def default_guard(nproc: int) -> int:
     import psutil
 
     return int(psutil.virtual_memory().available * GUARD_SHARE / nproc)
+
+
+def check_tune_options(
+    model_path: str | None, global_batch: int, nproc: int, nodes: int, rdzv_endpoint: str | None
+) -> None:
+    """The checks of ``autotune tune``'s options that need no work (``model_path=None``: a
+    Hugging Face entry, checked by its loader; ``rdzv_endpoint=""``: the caller brings its
+    own runner).
+
+    Raises:
+        AutotuneError: one line naming the model file or the flag.
+    """
+    if model_path is not None and not Path(model_path).is_file():
+        raise AutotuneError(f"{model_path}: no such model file")
+    if global_batch < 1 or nproc < 1 or nodes < 1 or global_batch % (nproc * nodes):
+        ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes != 1 else "")
+        raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
+    if nodes > 1 and rdzv_endpoint is None:
+        raise AutotuneError(f"--nnodes {nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes")
+    if nodes > 1 and rdzv_endpoint:
+        parse_endpoint(rdzv_endpoint)
 
 
 def tune_model(
@@ -92,21 +122,26 @@ def tune_model(
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
+    nodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    join_timeout: float = JOIN_TIMEOUT_S,
+    inter_gbps: float | None = None,
     **options: Any,
 ) -> TuneRecord:
     """Everything ``autotune tune`` does before and around :func:`tune`.
 
     Reads or takes a short profile, asks the policy for its plan and the estimate
     for every plan's fit, then searches with real trials. ``options`` go to
-    :func:`tune` (trials, budget_s, storage, study_name, repeats; the study's name
-    defaults to ``<model stem>-g<global batch>-n<nproc>``). Instead of
+    :func:`tune` (trials, budget_s, storage, study_name, repeats, heartbeat_s; the
+    study's name defaults to ``<model stem>-g<global batch>-n<nproc>``). Instead of
     ``model_path``, ``hf_config`` or ``hf_model`` with ``seq_len`` name a Hugging
-    Face model (:func:`autotune.runtime.hf.model_source`).
+    Face model (:func:`autotune.runtime.hf.model_source`). With ``nodes`` > 1 each
+    trial spans that many nodes: an ``autotune agent`` on every node launches its
+    ``nproc`` ranks, meeting at ``rdzv_endpoint`` (HOST:PORT).
     """
     from autotune.runtime.hf import model_source
 
-    if global_batch < 1 or nproc < 1 or global_batch % nproc:
-        raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
+    check_tune_options(None, global_batch, nproc, nodes, rdzv_endpoint if runner is None else "")
     with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len) as src:
         if options.get("study_name") is None:
             options["study_name"] = f"{src.stem}-g{global_batch}-n{nproc}"
@@ -114,7 +149,8 @@ def tune_model(
             str(src.path), src.label, global_batch=global_batch, nproc=nproc, device=device,
             device_memory=device_memory, profile_path=profile_path, policy_path=policy_path,
             baseline=baseline, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
-            runner=runner, progress=progress, **options,
+            runner=runner, progress=progress, nodes=nodes, rdzv_endpoint=rdzv_endpoint,
+            join_timeout=join_timeout, inter_gbps=inter_gbps, **options,
         )  # fmt: skip
 
 
@@ -134,15 +170,26 @@ def _tune_file(
     trial_timeout: float,
     runner: TrialRunner | None,
     progress: Callable[[Progress], None] | None,
+    nodes: int,
+    rdzv_endpoint: str | None,
+    join_timeout: float,
+    inter_gbps: float | None,
     **options: Any,
 ) -> TuneRecord:
-    if not Path(model_path).is_file():
-        raise AutotuneError(f"{model_path}: no such model file")
-    record = load_profile(model_path, profile_path, global_batch // nproc, device)
+    check_tune_options(
+        model_path, global_batch, nproc, nodes, rdzv_endpoint if runner is None else ""
+    )
+    world = nproc * nodes
+    if runner is None and nodes > 1:
+        assert rdzv_endpoint is not None
+        runner = AgentRunner(storage=options.get("storage"), study_name=options["study_name"],
+                             nnodes=nodes, nproc=nproc, rdzv_endpoint=rdzv_endpoint,
+                             join_timeout_s=join_timeout)  # fmt: skip
+    record = load_profile(model_path, profile_path, global_batch // world, device)
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
-    policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
-                         global_batch=global_batch, policy_path=policy_path)  # fmt: skip
+    policy = policy_plan(record, device_memory=device_memory, world_size=world, gpus_per_node=nproc,
+                         inter_gbps=inter_gbps, global_batch=global_batch, policy_path=policy_path)  # fmt: skip
     stack = record.model.block_stack
     settings = TrialSettings(
         model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
@@ -153,12 +200,17 @@ def _tune_file(
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    tuned = tune(
-        label, global_batch=global_batch, settings=settings,
-        runner=runner or SubprocessRunner(), nproc=nproc, blocks=stack.count if stack else 0,
-        policy=policy, baseline=baseline, predict=make_predict(record, device_memory),
-        code_changes=changes, progress=progress, **options,
-    )  # fmt: skip
+    runner = runner or SubprocessRunner()
+    try:
+        tuned = tune(
+            label, global_batch=global_batch, settings=settings, runner=runner,
+            nproc=nproc, nodes=nodes, blocks=stack.count if stack else 0, policy=policy,
+            baseline=baseline, predict=make_predict(record, device_memory, inter_gbps),
+            code_changes=changes, progress=progress, **options,
+        )  # fmt: skip
+    finally:
+        if isinstance(runner, AgentRunner):
+            runner.close()
     if tuned.recommendation is None:
         return tuned
     # The trials sized ZeRO's buckets to the model; the emitted config must do the same.

@@ -1,8 +1,14 @@
-"""Shared fixtures and the GPU skip."""
+"""Shared fixtures (examples, a real PostgreSQL server) and the GPU skip."""
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +37,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def examples_dir() -> Path:
     """The repository's examples/ folder."""
     return EXAMPLES
+
+
+def _as_nobody(cmd: list[str]) -> list[str]:
+    # initdb refuses to run as root (as CI does): run the server as an unprivileged user.
+    return ["runuser", "-u", "nobody", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A real PostgreSQL server for the session (initdb + pg_ctl), stopped at the end.
+
+    Yields the URL of its ``postgres`` database; skips where ``initdb`` is not on PATH.
+    """
+    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
+        pytest.skip(
+            "PostgreSQL's initdb/pg_ctl are not on PATH (Debian: apt-get install postgresql)"
+        )
+    pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+    base = Path(tempfile.mkdtemp(prefix="autotune-pg-", dir="/tmp"))
+    if os.geteuid() == 0:
+        shutil.chown(base, "nobody")
+    data, port = base / "data", _free_port()
+    run = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
+    try:
+        run(_as_nobody(["initdb", "-D", str(data), "-U", "postgres", "--auth=trust"]))
+        run(_as_nobody(["pg_ctl", "-D", str(data), "-l", str(base / "server.log"),
+                        "-o", f"-p {port} -k {base}", "-w", "start"]))  # fmt: skip
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        if (data / "postmaster.pid").exists():
+            subprocess.run(_as_nobody(["pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop"]),
+                           capture_output=True, timeout=60)  # fmt: skip
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database on the session's server, for one test."""
+    import psycopg
+
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:50]
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres_server.rsplit("/", 1)[0] + "/" + name
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

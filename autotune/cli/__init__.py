@@ -10,6 +10,7 @@ import os
 import typer
 
 from autotune import __version__
+from autotune.cli import agent as _agent
 from autotune.cli import config as _config
 from autotune.cli import confirm as _confirm
 from autotune.cli import estimate as _estimate
@@ -46,7 +47,7 @@ def _root(
         os.environ["AUTOTUNE_DEBUG"] = "1"
 
 
-for _module in (_profile, _estimate, _suggest, _confirm, _config, _tune, _report):
+for _module in (_profile, _estimate, _suggest, _confirm, _config, _tune, _agent, _report):
     _module.register(app)
 
 

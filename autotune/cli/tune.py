@@ -21,12 +21,17 @@ def register(app: typer.Typer) -> None:
 def tune_command(
     model: Path | None = _source.MODEL,
     global_batch: int = typer.Option(..., "--global-batch", help="Samples per optimizer step, kept by every plan."),
-    nproc: int = typer.Option(1, "--nproc", help="Ranks per trial (torchrun); ZeRO stages are searched when > 1."),
+    nproc: int = typer.Option(1, "--nproc", help="Ranks per trial on each node (torchrun); ZeRO stages are searched when a trial has > 1 rank."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes per trial. > 1: this command only asks the study; `autotune agent` on every node launches the ranks."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes > 1): a free port on one of the nodes."),
+    join_timeout: float = typer.Option(120.0, "--join-timeout", help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
+    inter_gbps: float | None = typer.Option(None, "--inter-gbps", help="Link between nodes, Gbit/s: the estimate's communication time for plans over nodes."),
     trials: int = typer.Option(20, "--trials", help="Plans to measure (pruned plans do not count)."),
     budget_minutes: float | None = typer.Option(None, "--budget-minutes", help="Stop starting trials after this much trial time."),
     trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a trial's process group is killed."),
     device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
+    heartbeat: int = typer.Option(10, "--heartbeat", help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
     warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
@@ -41,15 +46,27 @@ def tune_command(
     hf_model: str | None = _source.HF_MODEL,
     seq_len: int | None = _source.SEQ_LEN,
 ) -> None:  # fmt: skip
-    """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest."""
+    """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest.
+
+    Roles: this command asks the study (Optuna, in --storage) for plans and records what they measured. With --nnodes 1 it also launches each trial here (torchrun for --nproc ranks); several copies on one --storage and --study share the study, each running its own trials (on one machine, start each with its own CUDA_VISIBLE_DEVICES or taskset -c CPUS).
+
+    With --nnodes K > 1 it launches nothing: run `autotune agent --storage URL --study NAME` on each of the K nodes; the agents start the ranks of every trial with torchrun, meeting at the c10d rendezvous --rdzv-endpoint HOST:PORT (a free port on one of the nodes).
+
+    A worker or node that dies stops its trial's heartbeats; the trial is failed and run again.
+    """
     with user_errors():
-        from autotune.api import tune_model
+        from autotune.api import check_tune_options, tune_model
         from autotune.records import AutotuneError
 
         if not out_dir.is_dir():
             raise AutotuneError(f"--out-dir {out_dir}: no such directory")
-        per_rank = max(global_batch // max(nproc, 1), 1)
-        base = _baseline(baseline, per_rank, nproc) if baseline else None
+        check_tune_options(
+            str(model) if model else None, global_batch, nproc, nnodes, rdzv_endpoint
+        )
+        if heartbeat < 1:
+            raise AutotuneError(f"--heartbeat: must be at least 1 second, got {heartbeat}")
+        per_rank = max(global_batch // max(nproc * nnodes, 1), 1)
+        base = _baseline(baseline, per_rank, nproc, nnodes) if baseline else None
         with _ProgressView(trials, quiet=False) as view:
             record = tune_model(
                 str(model) if model else None, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
@@ -60,20 +77,22 @@ def tune_command(
                 progress=view.update, trials=trials,
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study,
-                repeats=repeats,
+                repeats=repeats, heartbeat_s=heartbeat, nodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                join_timeout=join_timeout, inter_gbps=inter_gbps,
             )  # fmt: skip
-        written = _write_outputs(record, out_dir, nproc)
+        written = _write_outputs(record, out_dir, nproc * nnodes)
         if json_output:
             print_json(record)
         else:
             render(record, written)
 
 
-def _baseline(text: str, per_rank: int, nproc: int) -> Any:
+def _baseline(text: str, per_rank: int, nproc: int, nodes: int = 1) -> Any:
     """The user's plan; given only a micro-batch, accumulation keeps the global batch."""
     from autotune.records import Plan, parse_plan
 
-    plan = parse_plan(text, Plan(micro_batch=per_rank, gpus_per_node=nproc), "--baseline")
+    start = Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
+    plan = parse_plan(text, start, "--baseline")
     if "ga=" not in text and "grad_accum" not in text and per_rank % plan.micro_batch == 0:
         plan = plan.with_changes(grad_accum=per_rank // plan.micro_batch)
     return plan

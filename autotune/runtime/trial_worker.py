@@ -323,11 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m autotune.runtime.trial_worker SPEC.json``: exit 0 with a result file, else 1."""
     args = sys.argv[1:] if argv is None else argv
     spec = read_record(args[0], WorkerSpec, "trial spec")
-    rank = _rank()[0]
+    # Local rank 0 of every node writes: a trial over nodes leaves its result on each node's
+    # disk (c10d's rendezvous orders ranks by host, so global rank 0 may be on any node).
+    writer = int(os.environ.get("LOCAL_RANK", "0")) == 0
     result_path = Path(spec.result_path)
 
     def write(result: TrialResult) -> None:
-        if rank == 0:
+        if writer:
             write_record(result_path, result)
 
     watch = MemoryWatch(spec.settings.memory_guard)

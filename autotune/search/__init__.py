@@ -1,9 +1,20 @@
 """The search stage: the space, the Optuna study, trial runners (how a trial is launched:
-``_runner.py``), outcome classification, the final comparison and ``tune()``.
+``_runner.py``; over several nodes: ``_agents.py``), workers sharing a study (``_shared.py``),
+outcome classification, the final comparison and ``tune()``.
 """
 
 from __future__ import annotations
 
+from autotune.search._agents import (
+    JOIN_TIMEOUT_S,
+    AgentRunner,
+    RendezvousLauncher,
+    merge_reports,
+    parse_endpoint,
+    run_job,
+    serve,
+    versions,
+)
 from autotune.search._compare import (
     BASELINE,
     BEST,
@@ -62,6 +73,14 @@ from autotune.search._study import (
 from autotune.search._tune import Progress, best_records, tune
 
 __all__ = [
+    "AgentRunner",
+    "JOIN_TIMEOUT_S",
+    "RendezvousLauncher",
+    "merge_reports",
+    "parse_endpoint",
+    "run_job",
+    "serve",
+    "versions",
     "BASELINE",
     "BEST",
     "BOTH",

@@ -62,7 +62,9 @@ def outcome_reason(outcome: Outcome, result: TrialResult | None, stderr_tail: st
     if outcome == "ok":
         return None
     if outcome == "timeout":
-        return "killed at the trial timeout"
+        # A launcher that knows more (a node never joined) says so in an "autotune:" line.
+        said = [line for line in stderr_tail.splitlines() if line.startswith("autotune: ")]
+        return said[-1].removeprefix("autotune: ")[:300] if said else "killed at the trial timeout"
     if outcome == "oom" and result is not None and over_budget(result):
         return f"measured peak {result.peak} B > budget {result.device_memory} B ({result.peak_source})"
     if result is not None and result.error:

@@ -151,7 +151,8 @@ class TuneRecord(_Record):
     study: str
     storage: str
     global_batch: int
-    nproc: int
+    nproc: int = Field(description="ranks per node of each trial")
+    nodes: int = Field(1, description="nodes of each trial")
     device_memory: int | None
     objective: Literal["tokens_per_s", "samples_per_s"]
     trials: list[TrialRecord]

@@ -31,8 +31,9 @@ Predict = Callable[[Plan], Prediction]
 class SearchSpace:
     """The knobs the study varies; every other knob comes from ``base`` (the policy's plan).
 
-    The global batch is kept: ``grad_accum = global_batch / (nproc * micro_batch)``,
+    The global batch is kept: ``grad_accum = global_batch / (world * micro_batch)``,
     so only divisors of the per-rank batch are micro-batch choices.
+    ``nproc`` ranks run on each of ``nodes`` nodes.
     """
 
     global_batch: int
@@ -40,16 +41,22 @@ class SearchSpace:
     blocks: int
     base: Plan
     precisions: tuple[str, ...]
+    nodes: int = 1
+
+    @property
+    def world(self) -> int:
+        """Ranks of every plan: ranks per node times nodes."""
+        return self.nproc * self.nodes
 
     @property
     def micro_batches(self) -> list[int]:
         """Micro-batch choices: divisors of the per-rank batch."""
-        return divisors(self.global_batch // self.nproc)
+        return divisors(self.global_batch // self.world)
 
     @property
     def zero_stages(self) -> list[int]:
         """ZeRO stages 0-3 with several ranks; sharding one rank buys nothing."""
-        return [0, 1, 2, 3] if self.nproc > 1 else [0]
+        return [0, 1, 2, 3] if self.world > 1 else [0]
 
     def size(self) -> int:
         """Number of distinct plans in the space."""
@@ -66,12 +73,12 @@ class SearchSpace:
         micro = int(params["micro_batch"])
         changes: dict[str, Any] = {
             "micro_batch": micro,
-            "grad_accum": self.global_batch // self.nproc // micro,
+            "grad_accum": self.global_batch // self.world // micro,
             "checkpoint_blocks": int(params.get("checkpoint_blocks", 0)),
             "zero_stage": stage,
             "precision": params.get("precision", self.precisions[0]),
             "gpus_per_node": self.nproc,
-            "nodes": 1,
+            "nodes": self.nodes,
         }
         # Offload only exists where its stage does; otherwise the policy's choice lapses.
         if stage == 0:
@@ -87,7 +94,7 @@ class SearchSpace:
             "checkpoint_blocks": plan.checkpoint_blocks,
             "precision": plan.precision,
         }
-        if self.nproc > 1:
+        if self.world > 1:
             params["zero_stage"] = plan.zero_stage
         return params
 
@@ -103,24 +110,32 @@ class SearchSpace:
 
 
 def make_space(
-    global_batch: int, nproc: int, blocks: int, policy: Plan | None, baseline: Plan | None
+    global_batch: int,
+    nproc: int,
+    blocks: int,
+    policy: Plan | None,
+    baseline: Plan | None,
+    nodes: int = 1,
 ) -> SearchSpace:
     """Build the space, checking the global batch splits over the ranks.
 
     Raises:
-        AutotuneError: naming ``--global-batch`` or ``--nproc``.
+        AutotuneError: naming ``--global-batch``, ``--nproc`` or ``--nnodes``.
     """
     if global_batch < 1:
         raise AutotuneError(f"--global-batch: must be at least 1, got {global_batch}")
     if nproc < 1:
         raise AutotuneError(f"--nproc: must be at least 1, got {nproc}")
-    if global_batch % nproc:
-        raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
+    if nodes < 1:
+        raise AutotuneError(f"--nnodes: must be at least 1, got {nodes}")
+    if global_batch % (nproc * nodes):
+        ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes > 1 else "")
+        raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
     base = policy or Plan()
     precisions = [base.precision]
     if baseline is not None and baseline.precision not in precisions:
         precisions.append(baseline.precision)
-    return SearchSpace(global_batch, nproc, max(blocks, 0), base, tuple(precisions))
+    return SearchSpace(global_batch, nproc, max(blocks, 0), base, tuple(precisions), nodes)
 
 
 def same_but_micro_batch(a: Plan, b: Plan) -> bool:

@@ -6,8 +6,10 @@ import contextlib
 import json
 import os
 import random
+import re
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,46 +18,113 @@ from autotune.search._records import Role, TrialRecord, TrialState
 from autotune.search._space import SearchSpace
 
 DEFAULT_STORAGE = "autotune-tune.db"
+HEARTBEAT_S = 10
+"""Seconds between a running trial's heartbeats; a trial silent for 3 of them is lost."""
 _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running"}
+_SQLITE_MAGIC = b"SQLite format 3"
+_POSTGRES = ("postgresql://", "postgres://")
+_RACE = re.compile(r"already exists|duplicate key|UNIQUE constraint|database is locked")
+POSTGRES_HINT = "pip install 'autotune-advisor[postgres]'"
 
 
 def storage_url(storage: str | None) -> str:
-    """An Optuna RDB URL: a URL is kept, a plain path becomes a sqlite file."""
+    """An Optuna RDB URL: a URL is kept, a plain path becomes a sqlite file.
+
+    ``postgresql://`` (SQLAlchemy's psycopg2 default) becomes ``postgresql+psycopg://``
+    where only psycopg 3 (the ``postgres`` extra) is installed.
+    """
     value = storage or DEFAULT_STORAGE
+    if value.startswith(_POSTGRES):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg2") is None:
+            return "postgresql+psycopg://" + value.split("://", 1)[1]
+        return value
     if "://" in value:
         return value
     return f"sqlite:///{Path(value).expanduser().resolve()}"
 
 
-def open_study(storage: str | None, name: str, seed: int | None = None) -> Any:
-    """Create or load the study ``name`` in ``storage`` (maximising throughput).
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: SQLAlchemy's own message, without its SQL and links."""
+    inner = getattr(exc, "orig", None) or exc
+    text = " ".join(str(inner).split("\n")[0].split()) or type(inner).__name__
+    return f"{type(inner).__name__}: {text}"[:300]
+
+
+def check_storage(storage: str | None) -> str:
+    """The URL of a storage ``autotune tune`` can share, checked before any work.
 
     Raises:
-        AutotuneError: the storage cannot be opened.
+        AutotuneError: a journal file (no heartbeats), a missing database driver.
+    """
+    url = storage_url(storage)
+    path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+    if path is not None and path.is_file() and path.stat().st_size and not _is_sqlite(path):
+        raise AutotuneError(
+            f"--storage {storage}: not a sqlite database (an Optuna journal file?); "
+            "autotune tune needs sqlite or a database URL, whose heartbeats recover lost trials"
+        )
+    if url.startswith("postgresql+psycopg://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:
+            raise AutotuneError(f"--storage {url}: no PostgreSQL driver; {POSTGRES_HINT}")
+    return url
+
+
+def creating_race(exc: BaseException) -> bool:
+    """Whether an error is the loss of a race to create the schema (retry), not a failure."""
+    return bool(_RACE.search(str(exc)))
+
+
+def _is_sqlite(path: Path) -> bool:
+    with path.open("rb") as file:
+        return file.read(16).startswith(_SQLITE_MAGIC)
+
+
+def open_study(
+    storage: str | None, name: str, seed: int | None = None, heartbeat_s: int = HEARTBEAT_S
+) -> Any:
+    """Create or load the study ``name`` in ``storage`` (maximising throughput).
+
+    Running trials send a heartbeat every ``heartbeat_s`` seconds; one silent for
+    three beats (its worker killed, or its host lost) is failed and queued again by
+    Optuna's own :func:`~optuna.storages.fail_stale_trials` (see :func:`recover_stale`).
+
+    Raises:
+        AutotuneError: the storage cannot be opened (one line, at once for an
+            unreachable server).
     """
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = storage_url(storage)
+    url = check_storage(storage)
     for attempt in range(5):
         try:
-            return _create(url, name, seed)
+            return _create(url, name, seed, heartbeat_s)
         except ImportError as exc:
             raise AutotuneError(f"--storage {url}: cannot open the study: {exc}") from None
         except Exception as exc:  # SQLAlchemy errors have no public base importable lazily
             # Workers started together race to create the schema: the loser retries.
-            if attempt == 4:
+            # Anything else (unreachable server, wrong host, bad password) fails at once.
+            if attempt == 4 or not creating_race(exc):
                 raise AutotuneError(
-                    f"--storage {url}: cannot open the study: {type(exc).__name__}: {exc}"
+                    f"--storage {url}: cannot open the study: {one_line(exc)}"
                 ) from None
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
 
 
-def _create(url: str, name: str, seed: int | None) -> Any:
+def _create(url: str, name: str, seed: int | None, heartbeat_s: int) -> Any:
     import optuna
 
-    rdb = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+    with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        rdb = optuna.storages.RDBStorage(
+            url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=heartbeat_s,
+            grace_period=3 * heartbeat_s, **_retry_callback(),
+        )  # fmt: skip
     # No fixed seed by default: workers sharing a study must not draw the same points.
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
     return optuna.create_study(
@@ -63,9 +132,26 @@ def _create(url: str, name: str, seed: int | None) -> Any:
     )
 
 
+def _retry_callback() -> dict[str, Any]:
+    """Optuna's retry callback: a lost trial comes back WAITING with the same plan."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna >= 4.9
+            retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)
+            return {"heartbeat_stale_trial_callback": retry}
+        return {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+
+
 def _engine_kwargs(url: str) -> dict[str, Any]:
-    # Several local workers share one sqlite file: wait for the lock instead of failing.
-    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    if url.startswith("sqlite"):
+        # Several local workers share one sqlite file: wait for the lock instead of failing.
+        return {"connect_args": {"timeout": 60}}
+    if url.startswith("postgresql"):
+        # An unreachable host fails in seconds, not after the OS's TCP timeout.
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    return {}
 
 
 def distributions(space: SearchSpace) -> dict[str, Any]:
@@ -77,7 +163,7 @@ def distributions(space: SearchSpace) -> dict[str, Any]:
         "checkpoint_blocks": IntDistribution(0, space.blocks),
         "precision": CategoricalDistribution(list(space.precisions)),
     }
-    if space.nproc > 1:
+    if space.world > 1:
         dists["zero_stage"] = IntDistribution(0, 3)
     return dists
 
@@ -91,45 +177,52 @@ def enqueue(study: Any, space: SearchSpace, plan: Plan, role: Role) -> None:
     study.enqueue_trial(space.params(plan), user_attrs=attrs)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def recover_stale(study: Any) -> list[int]:
-    """Mark trials left RUNNING by a dead process on this host failed, and queue them again.
+    """Fail the trials whose worker stopped sending heartbeats (on any host), and queue them again.
+
+    Optuna's :func:`~optuna.storages.fail_stale_trials` does the work; the storage's
+    retry callback re-enqueues each with its plan and role.
 
     Returns:
-        The numbers of the trials marked failed.
+        The numbers of the trials marked failed by this call.
     """
+    import optuna
     from optuna.trial import TrialState as State
 
-    host = socket.gethostname()
-    failed = []
-    for trial in study.get_trials(deepcopy=False, states=(State.RUNNING,)):
-        attrs = trial.user_attrs
-        if attrs.get("host") != host or _alive(int(attrs.get("pid", -1))):
-            continue
-        study._storage.set_trial_user_attr(
-            trial._trial_id, "reason", "left running by a killed process"
-        )
-        with contextlib.suppress(RuntimeError):
-            study.tell(trial.number, state=State.FAIL)
-            failed.append(trial.number)
-            if "plan" in attrs:
-                requeue = {"plan": attrs["plan"], "role": attrs.get("role", "search")}
-                study.enqueue_trial(dict(trial.params), user_attrs=requeue)
-    return failed
+    running = {
+        t._trial_id: t.number for t in study.get_trials(deepcopy=False, states=(State.RUNNING,))
+    }
+    if not running:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    failed = study.get_trials(deepcopy=False, states=(State.FAIL,))
+    return sorted(running[t._trial_id] for t in failed if t._trial_id in running)
+
+
+def heartbeat_interval(study: Any) -> float:
+    """The study storage's heartbeat interval in seconds (0 without heartbeats)."""
+    return float(study._storage.get_heartbeat_interval() or 0)
+
+
+def beat(study: Any, trial: Any) -> None:
+    """Record one heartbeat of ``trial`` now (a database hiccup is not fatal)."""
+    with contextlib.suppress(Exception):
+        study._storage.record_heartbeat(trial._trial_id)
+
+
+def lost(trial: Any) -> bool:
+    """Whether a stored trial was failed for lack of heartbeats (it has no outcome)."""
+    return trial.state.name == "FAIL" and "outcome" not in trial.user_attrs
 
 
 def ask(study: Any, space: SearchSpace) -> tuple[Any, Plan, Role]:
     """The next trial and its plan (an enqueued plan verbatim, else the sampler's point)."""
-    trial = study.ask(fixed_distributions=distributions(space))
+    with warnings.catch_warnings():  # Optuna expects heartbeats with optimize(); we beat ourselves
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        trial = study.ask(fixed_distributions=distributions(space))
+    beat(study, trial)  # at once: a trial with no heartbeat yet would never be found lost
     attrs = trial.user_attrs
     plan = Plan.model_validate(attrs["plan"]) if "plan" in attrs else space.plan(trial.params)
     role: Role = attrs.get("role", "search")
@@ -147,6 +240,10 @@ def to_record(trial: Any) -> TrialRecord | None:
         return None
     state: TrialState = _STATES.get(trial.state.name, "waiting")  # type: ignore[assignment]
     fields = {key: attrs.get(key) for key in _RESULT_KEYS}
+    if lost(trial):
+        fields["reason"] = (
+            "lost: its worker stopped sending heartbeats (killed, or host lost); queued again"
+        )
     return TrialRecord(number=trial.number, plan=Plan.model_validate(attrs["plan"]),
                        role=attrs.get("role", "search"), state=state, **fields)  # fmt: skip
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import AutotuneError, Plan
-from autotune.search import _study
+from autotune.search import _shared, _study
 from autotune.search._compare import compare, recommendation
 from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import TrialRecord, TrialSettings, TuneRecord
@@ -69,9 +69,14 @@ class _Search:
 
     def step(self) -> TrialRecord:
         """Ask for one plan and decide it: pruned without running, or run and measured."""
-        from optuna.trial import TrialState as State
 
         trial, plan, role = _study.ask(self.study, self.space)
+        with _shared.Heartbeat(self.study, trial):
+            return self._decide(trial, plan)
+
+    def _decide(self, trial: Any, plan: Plan) -> TrialRecord:
+        from optuna.trial import TrialState as State
+
         others = [r for r in _study.records(self.study) if r.number != trial.number]
         prediction = self.predict(plan) if self.predict is not None else None
         reason = self._skip_reason(plan, others, trial.number, prediction)
@@ -139,6 +144,7 @@ def tune(
     settings: TrialSettings,
     runner: TrialRunner,
     nproc: int = 1,
+    nodes: int = 1,
     blocks: int = 0,
     policy: Plan | None = None,
     baseline: Plan | None = None,
@@ -149,6 +155,7 @@ def tune(
     study_name: str = "autotune",
     repeats: int = 3,
     seed: int | None = None,
+    heartbeat_s: int = _study.HEARTBEAT_S,
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> TuneRecord:
@@ -159,7 +166,9 @@ def tune(
         global_batch: samples per optimizer step, kept by every plan.
         settings: steps, warm-up, device, budget and timeout of each trial.
         runner: launches trials (:class:`SubprocessRunner`, or a fake in tests).
-        nproc: ranks per trial; ZeRO stages are searched when > 1.
+        nproc: ranks per node of each trial; ZeRO stages are searched when the
+            trial has more than one rank.
+        nodes: nodes of each trial (``runner`` must launch over nodes: :class:`AgentRunner`).
         blocks: L, the blocks of the model's stack (0: no checkpointing knob).
         policy: the policy's plan, run first; its other knobs hold for all trials.
         baseline: the user's current configuration (default: the whole per-rank
@@ -173,21 +182,25 @@ def tune(
         repeats: interleaved re-runs of best, baseline and runner-up at the end.
         code_changes: ``plan -> [CodeChange]`` for the recommendation.
         seed: the sampler's seed (``None``: random, so shared-study workers differ).
+        heartbeat_s: seconds between a running trial's heartbeats; a trial silent for
+            three is lost (its worker killed, on any host), failed and run again.
         progress: called after each trial.
 
     Returns:
         The record of all trials, the final comparison and the recommendation.
     """
-    space = make_space(global_batch, nproc, blocks, policy, baseline)
-    per_rank = global_batch // nproc
-    base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc)
+    space = make_space(global_batch, nproc, blocks, policy, baseline, nodes)
+    per_rank = global_batch // space.world
+    base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
     if base_plan.global_batch != global_batch:
         raise AutotuneError(
             f"--baseline: global batch {base_plan.global_batch} != --global-batch {global_batch}"
         )
-    study = _study.open_study(storage, study_name, seed)
-    notes = [f"trial {n} was left running by a killed process: marked failed and queued again"
-             for n in _study.recover_stale(study)]  # fmt: skip
+    if heartbeat_s < 1:
+        raise AutotuneError(f"--heartbeat: must be at least 1 second, got {heartbeat_s}")
+    study = _study.open_study(storage, study_name, seed, heartbeat_s)
+    notes: list[str] = []
+    _shared.recover(study, notes)
     policy_plan = _fit_micro_batch(space, space.base)
     if policy_plan == base_plan:
         _study.enqueue(study, space, base_plan, "baseline")
@@ -195,35 +208,29 @@ def tune(
         _study.enqueue(study, space, policy_plan, "policy")
         _study.enqueue(study, space, base_plan, "baseline")
     shapes = [base_plan, policy_plan] + (
-        [space.plan({"micro_batch": 1, "zero_stage": 1})] if nproc > 1 else []
+        [space.plan({"micro_batch": 1, "zero_stage": 1})] if space.world > 1 else []
     )
     warm = runner.warm_up(shapes, settings)
     if warm:
         notes.append(f"launcher start-up paid once before the study: {warm:.1f} s (not trial time)")
-    _run_study(_Search(study, space, runner, settings, predict), trials, budget_s, progress)
+    _run_study(_Search(study, space, runner, settings, predict), trials, budget_s, progress, notes)
     return _finish(study, space, runner, settings, model_file, base_plan, repeats,
                    code_changes, notes, storage, study_name, nproc, global_batch)  # fmt: skip
 
 
 def _run_study(search: _Search, trials: int, budget_s: float | None,
-               progress: Callable[[Progress], None] | None) -> None:  # fmt: skip
+               progress: Callable[[Progress], None] | None, notes: list[str]) -> None:  # fmt: skip
     start = time.monotonic()
     asks = 0
     cap = 20 * trials + search.space.size()
     while asks < cap:
-        existing = _study.records(search.study)
-        measured = sum(1 for r in existing if r.outcome is not None and r.state != "running")
-        decided = {
-            r.plan.model_dump_json()
-            for r in existing
-            if r.state in ("complete", "pruned", "failed")
-        }
+        _shared.recover(search.study, notes)
         left = None if budget_s is None else budget_s - (time.monotonic() - start)
-        if (
-            measured >= trials
-            or len(decided) >= search.space.size()
-            or (left is not None and left <= 0)
-        ):
+        if _done(search, trials) or (left is not None and left <= 0):
+            # Wait for the other workers' trials; run any lost one that comes back.
+            wait = 4 * search.settings.timeout_s + 3 * _study.heartbeat_interval(search.study)
+            if (left is None or left > 0) and _shared.settle(search.study, notes, wait):
+                continue
             return
         record = search.step()
         asks += 1
@@ -233,6 +240,22 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
             count = sum(1 for r in all_records if r.outcome is not None)
             left = None if budget_s is None else budget_s - (time.monotonic() - start)
             progress(Progress(count, trials, ranked[0] if ranked else None, record, left))
+
+
+def _done(search: _Search, trials: int) -> bool:
+    """Enough trials measured or in flight, or every plan decided; no lost trial waiting to rerun.
+
+    Trials other workers are running count: a study of T trials measures T, not T
+    per worker. One of them that is lost comes back as a retry, and runs.
+    """
+    if _shared.retries_waiting(search.study):
+        return False
+    existing = _study.records(search.study)
+    measured = sum(1 for r in existing if r.outcome is not None or r.state == "running")
+    decided = {
+        r.plan.model_dump_json() for r in existing if r.state in ("complete", "pruned", "failed")
+    }
+    return measured >= trials or len(decided) >= search.space.size()
 
 
 def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
@@ -249,7 +272,7 @@ def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: Trial
     tokens = any(r.tokens_per_s is not None for r in ranked)
     return TuneRecord(
         model_file=model_file, study=study_name, storage=_study.storage_url(storage),
-        global_batch=global_batch, nproc=nproc, device_memory=settings.device_memory,
+        global_batch=global_batch, nproc=nproc, nodes=space.nodes, device_memory=settings.device_memory,
         objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
         comparison=comparison, recommendation=rec, notes=notes,
     )  # fmt: skip

@@ -114,7 +114,7 @@ SCRIPT = textwrap.dedent(
     settings = TrialSettings(model_file="m.py", timeout_s=5)
     record = tune("m.py", global_batch=16, settings=settings, runner=runner, blocks=3,
                   baseline=Plan(micro_batch=1, grad_accum=16), trials=trials, storage=storage,
-                  repeats=0)
+                  repeats=0, heartbeat_s=1)
     print(json.dumps({"ran": [p.model_dump(mode="json") for p in runner.plans],
                       "pid": os.getpid(), "notes": record.notes}))
     """
