@@ -16,7 +16,7 @@ from typing import Any
 from autotune.confirm import ConfirmRecord, confirm_changes
 from autotune.emit import Config, code_changes_for, emit_deepspeed_config
 from autotune.estimator import estimate_plan, facts_from_profile
-from autotune.policy import policy_plan
+from autotune.policy import load_policy, policy_plan
 from autotune.records import (
     AutotuneError,
     Capabilities,
@@ -34,6 +34,7 @@ from autotune.search import (
     TrialRunner,
     TrialSettings,
     TuneRecord,
+    open_study,
     tune,
 )
 
@@ -41,12 +42,8 @@ GUARD_SHARE = 0.5
 """Share of the machine's available RAM all ranks of a trial may use together."""
 
 
-def load_profile(
-    model_path: str, profile_path: str | None, per_rank: int, device: str
-) -> ProfileRecord:
-    """The saved profile, or a short fresh one (2 measured steps at micro-batch <= 2)."""
-    if profile_path is not None:
-        return read_record(profile_path, ProfileRecord, "profile")
+def short_profile(model_path: str, per_rank: int, device: str) -> ProfileRecord:
+    """A short fresh profile: 2 measured steps at micro-batch <= 2."""
     from autotune.runtime.profiler import profile
 
     return profile(model_path, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
@@ -97,11 +94,12 @@ def tune_model(
     for every plan's fit, then searches with real trials. ``options`` go to
     :func:`tune` (trials, budget_s, storage, study_name, repeats).
     """
-    if not Path(model_path).is_file():
-        raise AutotuneError(f"{model_path}: no such model file")
-    if global_batch < 1 or nproc < 1 or global_batch % nproc:
-        raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
-    record = load_profile(model_path, profile_path, global_batch // nproc, device)
+    _check_tune_inputs(model_path, global_batch, nproc, baseline, policy_path)
+    # The storage is opened (and the study created) before any measurement, so a bad
+    # --storage costs nothing; tune() opens it again, which is cheap.
+    saved = read_record(profile_path, ProfileRecord, "profile") if profile_path else None
+    open_study(options.get("storage"), options.get("study_name", "autotune"))
+    record = saved or short_profile(model_path, global_batch // nproc, device)
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
     policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
@@ -127,6 +125,26 @@ def tune_model(
     # The trials sized ZeRO's buckets to the model; the emitted config must do the same.
     rec = tuned.recommendation.model_copy(update={"parameters": record.model.parameters})
     return tuned.model_copy(update={"recommendation": rec})
+
+
+def _check_tune_inputs(model_path: str, global_batch: int, nproc: int, baseline: Plan | None,
+                       policy_path: str | None) -> None:  # fmt: skip
+    """Every check ``tune_model`` can make before it profiles: one line each, nothing measured."""
+    if Path(model_path).is_dir():
+        raise AutotuneError(f"{model_path}: is a directory, not a model file")
+    if not Path(model_path).is_file():
+        raise AutotuneError(f"{model_path}: no such model file")
+    if global_batch < 1:
+        raise AutotuneError(f"--global-batch: must be >= 1 (got {global_batch})")
+    if nproc < 1:
+        raise AutotuneError(f"--nproc: must be >= 1 (got {nproc})")
+    if global_batch % nproc:
+        raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
+    if baseline is not None and baseline.global_batch != global_batch:
+        raise AutotuneError(
+            f"--baseline: global batch {baseline.global_batch} != --global-batch {global_batch}"
+        )
+    load_policy(policy_path)
 
 
 def recommend(

@@ -8,7 +8,16 @@ from typing import Any
 
 import typer
 
-from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.cli._common import (
+    above,
+    check_directory,
+    console,
+    device_name,
+    err_console,
+    print_json,
+    print_table,
+    user_errors,
+)
 from autotune.records import format_bytes, parse_bytes
 
 
@@ -19,18 +28,18 @@ def register(app: typer.Typer) -> None:
 
 def tune_command(
     model: Path = typer.Argument(..., help="The model file (build_model, build_batch or build_dataloader)."),
-    global_batch: int = typer.Option(..., "--global-batch", help="Samples per optimizer step, kept by every plan."),
-    nproc: int = typer.Option(1, "--nproc", help="Ranks per trial (torchrun); ZeRO stages are searched when > 1."),
-    trials: int = typer.Option(20, "--trials", help="Plans to measure (pruned plans do not count)."),
-    budget_minutes: float | None = typer.Option(None, "--budget-minutes", help="Stop starting trials after this much trial time."),
-    trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a trial's process group is killed."),
+    global_batch: int = typer.Option(..., "--global-batch", min=1, help="Samples per optimizer step, kept by every plan."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks per trial (torchrun); ZeRO stages are searched when > 1."),
+    trials: int = typer.Option(20, "--trials", min=1, help="Plans to measure (pruned plans do not count)."),
+    budget_minutes: float | None = typer.Option(None, "--budget-minutes", callback=above(0), help="Stop starting trials after this much trial time."),
+    trial_timeout: float = typer.Option(300.0, "--trial-timeout", callback=above(0), help="Seconds before a trial's process group is killed."),
     device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file, global batch and nproc)."),
-    steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
-    warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
-    repeats: int = typer.Option(3, "--repeats", help="Interleaved re-runs of best, baseline and runner-up."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    steps: int = typer.Option(3, "--steps", min=1, help="Measured optimizer steps per trial."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Interleaved re-runs of best, baseline and runner-up."),
+    device: str = typer.Option("auto", "--device", callback=device_name, help="auto, cpu, cuda or cuda:N."),
     profile: Path | None = typer.Option(None, "--profile", help="A saved profile (default: a short fresh one)."),
     baseline: str | None = typer.Option(None, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
     policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
@@ -40,11 +49,9 @@ def tune_command(
     """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest."""
     with user_errors():
         from autotune.api import tune_model
-        from autotune.records import AutotuneError
 
-        if not out_dir.is_dir():
-            raise AutotuneError(f"--out-dir {out_dir}: no such directory")
-        per_rank = max(global_batch // max(nproc, 1), 1)
+        check_directory(out_dir, f"--out-dir {out_dir}")
+        per_rank = max(global_batch // nproc, 1)
         base = _baseline(baseline, per_rank, nproc) if baseline else None
         with _ProgressView(trials, quiet=False) as view:
             record = tune_model(
@@ -130,18 +137,10 @@ def render(record: Any, written: list[Path]) -> None:
     from rich.table import Table
 
     table = Table(title=f"study {record.study} ({record.storage})")
-    for column in (
-        "#",
-        "role",
-        "plan",
-        "state",
-        "outcome",
-        "throughput",
-        "peak (measured)",
-        "peak (predicted)",
-        "reason",
-    ):
-        table.add_column(column)  # fmt: skip
+    for column in ("#", "role", "plan", "state", "outcome", "throughput", "peak (measured)",
+                   "peak (predicted)", "reason"):  # fmt: skip
+        # Figures never wrap (print_table widens the table rather than cut them).
+        table.add_column(column, no_wrap=column in ("#", "throughput"))
     for t in record.trials:
         predicted = (
             f"{format_bytes(t.predicted_peak_bytes)} ({t.prediction_source})"
@@ -153,7 +152,7 @@ def render(record: Any, written: list[Path]) -> None:
         )
         table.add_row(str(t.number), t.role, t.plan.describe(), t.state, t.outcome or "–",
                       _throughput(t), measured, predicted, t.reason or "")  # fmt: skip
-    console.print(table)
+    print_table(table)
     _render_recommendation(record)
     for path in written:
         console.print(f"wrote {path}")

@@ -274,8 +274,16 @@ def load_hf_config(path: str | Path) -> Any:
     kind = data.pop("model_type")
     try:
         return transformers.AutoConfig.for_model(kind, **data)
-    except (ValueError, TypeError) as exc:
-        raise AutotuneError(f"--hf-config {source}: model_type {kind!r}: {exc}") from None
+    except Exception as exc:  # transformers' own checks raise ValueError, some wrapped
+        raise AutotuneError(f"--hf-config {source}: model_type {kind!r}: {_root_cause(exc)}") from None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's message, first line only (config validators wrap their ValueError)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return lines[0]
 
 
 def facts_from_hf_config(

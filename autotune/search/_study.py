@@ -14,6 +14,11 @@ from typing import Any
 from autotune.records import AutotuneError, Plan
 from autotune.search._records import Role, TrialRecord, TrialState
 from autotune.search._space import SearchSpace
+from autotune.search._storage_errors import (
+    check_sqlite_path,
+    lost_a_race,
+    storage_error,
+)
 
 DEFAULT_STORAGE = "autotune-tune.db"
 _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running"}
@@ -37,17 +42,18 @@ def open_study(storage: str | None, name: str, seed: int | None = None) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url(storage)
+    check_sqlite_path(url)
     for attempt in range(5):
         try:
             return _create(url, name, seed)
         except ImportError as exc:
-            raise AutotuneError(f"--storage {url}: cannot open the study: {exc}") from None
+            raise storage_error(url, exc) from None
         except Exception as exc:  # SQLAlchemy errors have no public base importable lazily
+            if isinstance(exc.__cause__, ImportError):  # Optuna wraps a missing driver
+                raise storage_error(url, exc) from None
             # Workers started together race to create the schema: the loser retries.
-            if attempt == 4:
-                raise AutotuneError(
-                    f"--storage {url}: cannot open the study: {type(exc).__name__}: {exc}"
-                ) from None
+            if attempt == 4 or not lost_a_race(exc):
+                raise storage_error(url, exc) from None
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
 
