@@ -44,6 +44,7 @@ def tune_command(
     baseline: str | None = typer.Option(None, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
     policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json and ds_config.json go."),
+    finish: bool = typer.Option(False, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
     json_output: bool = typer.Option(False, "--json", help="Print the tune record as JSON only."),
 ) -> None:  # fmt: skip
     """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest."""
@@ -62,7 +63,7 @@ def tune_command(
                 progress=view.update, trials=trials,
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study or f"{model.stem}-g{global_batch}-n{nproc}",
-                repeats=repeats,
+                repeats=repeats, finish=finish,
             )  # fmt: skip
         written = _write_outputs(record, out_dir, nproc)
         if json_output:
@@ -163,7 +164,7 @@ def render(record: Any, written: list[Path]) -> None:
 def _render_recommendation(record: Any) -> None:
     rec = record.recommendation
     if rec is None:
-        console.print("no plan ran to completion: no recommendation")
+        console.print("no recommendation from this run (the notes say why)")
         return
     comparison = record.comparison
     for index, (label, measured) in enumerate(

@@ -119,8 +119,10 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
                    code_changes: Callable[[Plan], list[Any]] | None,
                    notes: list[str]) -> Recommendation | None:  # fmt: skip
     """The tune recommendation: the comparison's winner next to the baseline."""
-    if not ranked or comparison is None:
+    if not ranked:
         notes.append("no plan ran to completion: nothing to recommend")
+        return None
+    if comparison is None:  # left to another worker; a note says which
         return None
     labels = comparison.labels
     best = comparison.measured[comparison.winner]

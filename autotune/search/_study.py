@@ -174,3 +174,24 @@ def store(trial: Any, record: dict[str, Any]) -> None:
     for key, value in record.items():
         if key in _RESULT_KEYS and value is not None:
             trial.set_user_attr(key, json.loads(json.dumps(value)))
+
+
+def give_back(study: Any, trial: Any, why: str) -> bool:
+    """Mark a trial this process is running failed (``why`` as its reason) and queue its
+    plan again, so an interrupted run loses nothing and the next run measures it.
+
+    Returns:
+        ``False`` when the trial had already finished (nothing to give back).
+    """
+    from optuna.trial import TrialState as State
+
+    stored = study._storage.get_trial(trial._trial_id)
+    if stored.state != State.RUNNING:
+        return False
+    study._storage.set_trial_user_attr(trial._trial_id, "reason", f"{why}: queued again")
+    study.tell(trial.number, state=State.FAIL)
+    attrs = stored.user_attrs
+    if "plan" in attrs:
+        requeue = {"plan": attrs["plan"], "role": attrs.get("role", "search")}
+        study.enqueue_trial(dict(stored.params), user_attrs=requeue)
+    return True
