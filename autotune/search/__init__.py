@@ -29,14 +29,19 @@ from autotune.search._records import (
 )
 from autotune.search._runner import (
     EXTENSIONS_DIR,
+    LIFELINE_ENV,
+    LIFELINE_MODULE,
     WORKER_MODULE,
     Behaviour,
     FakeRunner,
     SubprocessRunner,
     TrialRunner,
     free_port,
+    host_lock,
     kill_group,
+    pid_alive,
     read_result,
+    sweep_trial_folders,
 )
 from autotune.search._space import (
     Predict,
@@ -52,6 +57,7 @@ from autotune.search._study import (
     ask,
     distributions,
     enqueue,
+    give_back,
     open_study,
     records,
     recover_stale,
@@ -59,6 +65,7 @@ from autotune.search._study import (
     store,
     to_record,
 )
+from autotune.search._final import final_comparison
 from autotune.search._tune import Progress, best_records, tune
 
 __all__ = [
@@ -70,6 +77,8 @@ __all__ = [
     "DEFAULT_STORAGE",
     "EXTENSIONS_DIR",
     "FakeRunner",
+    "LIFELINE_ENV",
+    "LIFELINE_MODULE",
     "Outcome",
     "Predict",
     "Prediction",
@@ -96,13 +105,17 @@ __all__ = [
     "distributions",
     "divisors",
     "enqueue",
+    "final_comparison",
     "free_port",
+    "give_back",
+    "host_lock",
     "kill_group",
     "make_space",
     "oom_lesson",
     "open_study",
     "outcome_reason",
     "over_budget",
+    "pid_alive",
     "read_result",
     "recommendation",
     "records",
@@ -110,6 +123,7 @@ __all__ = [
     "same_but_micro_batch",
     "storage_url",
     "store",
+    "sweep_trial_folders",
     "to_record",
     "tune",
 ]
