@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,13 +154,14 @@ def usage_line(exc: Exception) -> str:
 class OneLineErrors(TyperGroup):
     """The root command: usage errors print one ``autotune: ...`` line and exit 2 (no Rich box)."""
 
-    def main(self, args: Any = None, prog_name: str | None = None,
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:  # fmt: skip
+             windows_expand_args: bool = True, **extra: Any) -> Any:  # fmt: skip
         """Run the command line; as click's ``main``, with one-line usage errors."""
         try:
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                                standalone_mode=False, **extra)  # fmt: skip
+                                standalone_mode=False, windows_expand_args=windows_expand_args,
+                                **extra)  # fmt: skip
         except typer.TyperException as exc:
             if type(exc).__name__ != "NoArgsIsHelpError":  # help was printed already
                 err_console.print(f"autotune: {usage_line(exc)}", markup=False, soft_wrap=True)

@@ -72,7 +72,9 @@ def config(
             # The emitter says "base config: ..."; the user knows it by its file name.
             if base is None or not str(exc).startswith("base config: "):
                 raise
-            raise AutotuneError(f"--base {base}: {str(exc).removeprefix('base config: ')}") from None
+            raise AutotuneError(
+                f"--base {base}: {str(exc).removeprefix('base config: ')}"
+            ) from None
         text = json.dumps(result, indent=2) + "\n"
         if out is not None:
             atomic_write_text(out, text)

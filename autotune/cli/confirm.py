@@ -31,7 +31,9 @@ def confirm_command(
     profile: Path | None = typer.Option(
         None, "--profile", help="Reuse a saved baseline profile instead of profiling now."
     ),
-    device: str = typer.Option("cpu", "--device", callback=device_name, help="cpu, cuda or cuda:N."),
+    device: str = typer.Option(
+        "cpu", "--device", callback=device_name, help="cpu, cuda or cuda:N."
+    ),
     steps: int = typer.Option(3, "--steps", min=1, help="Timed steps per arm in each repeat."),
     repeats: int = typer.Option(
         5, "--repeats", min=1, help="Interleaved A/B repeats (the interval's sample)."

@@ -275,7 +275,9 @@ def load_hf_config(path: str | Path) -> Any:
     try:
         return transformers.AutoConfig.for_model(kind, **data)
     except Exception as exc:  # transformers' own checks raise ValueError, some wrapped
-        raise AutotuneError(f"--hf-config {source}: model_type {kind!r}: {_root_cause(exc)}") from None
+        raise AutotuneError(
+            f"--hf-config {source}: model_type {kind!r}: {_root_cause(exc)}"
+        ) from None
 
 
 def _root_cause(exc: BaseException) -> str:

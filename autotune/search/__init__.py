@@ -13,6 +13,7 @@ from autotune.search._compare import (
     compare,
     recommendation,
 )
+from autotune.search._final import final_comparison
 from autotune.search._outcome import classify_outcome, outcome_reason, over_budget
 from autotune.search._records import (
     Comparison,
@@ -65,7 +66,6 @@ from autotune.search._study import (
     store,
     to_record,
 )
-from autotune.search._final import final_comparison
 from autotune.search._tune import Progress, best_records, tune
 
 __all__ = [

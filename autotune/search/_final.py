@@ -13,6 +13,8 @@ two workers claiming at once exactly one succeeds.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from autotune.search._compare import compare
+from autotune.search._compare import compare, entries
 from autotune.search._records import Comparison, TrialRecord, TrialSettings
 from autotune.search._runner import TrialRunner, pid_alive
 
@@ -36,10 +38,17 @@ class Stored:
     by: str
 
 
-def comparison_key(records: list[TrialRecord], repeats: int) -> str:
-    """What the comparison depends on: the finished trials (their count only grows) and the repeats."""
-    finished = sum(1 for r in records if r.state in ("complete", "pruned", "failed"))
-    return f"{finished}t-{repeats}r"
+def comparison_key(ranked: list[TrialRecord], baseline: TrialRecord | None, repeats: int) -> str:
+    """What the comparison depends on: the plans it re-runs, in their roles, and the repeats.
+
+    A trial that finishes after the comparison was claimed changes the key only if it
+    changes what would be compared (a new best or runner-up): then a new comparison is due.
+    """
+    chosen = [
+        (label, record.plan.model_dump(mode="json")) for label, record in entries(ranked, baseline)
+    ]
+    digest = hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{digest}-{repeats}r"
 
 
 def marker_name(study_name: str, key: str) -> str:
@@ -90,9 +99,9 @@ def still_running(study: Any) -> list[int]:
     return busy
 
 
-def final_comparison(study: Any, records: list[TrialRecord], ranked: list[TrialRecord],
-                     baseline: TrialRecord | None, runner: TrialRunner, settings: TrialSettings,
-                     repeats: int, notes: list[str]) -> Comparison | None:  # fmt: skip
+def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecord | None,
+                     runner: TrialRunner, settings: TrialSettings, repeats: int,
+                     notes: list[str]) -> Comparison | None:  # fmt: skip
     """The study's final comparison: read back, run here once, or left to the last worker.
 
     Returns ``None`` (with a note saying why) when another worker still runs trials
@@ -100,7 +109,7 @@ def final_comparison(study: Any, records: list[TrialRecord], ranked: list[TrialR
     """
     if not ranked:
         return None
-    key = comparison_key(records, repeats)
+    key = comparison_key(ranked, baseline, repeats)
     stored = read(study, key)
     if stored is not None:
         notes.append(f"final comparison read from the study (run once, by {stored.by})")

@@ -39,7 +39,9 @@ def storage_error(url: str, exc: BaseException) -> AutotuneError:
     lines = [line for line in str(cause).splitlines() if line.strip()]
     first = lines[0] if lines else ""
     first = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", first).strip()
-    return AutotuneError(f"--storage {shown}: cannot open the study: {type(cause).__name__}: {first}")
+    return AutotuneError(
+        f"--storage {shown}: cannot open the study: {type(cause).__name__}: {first}"
+    )
 
 
 def _missing_driver(url: str, cause: BaseException) -> str:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.records import AutotuneError, Plan
+from autotune.records import Plan
 from autotune.search._records import Role, TrialRecord, TrialState
 from autotune.search._space import SearchSpace
 from autotune.search._storage_errors import (

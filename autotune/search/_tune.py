@@ -281,8 +281,7 @@ def _finish(study: Any, runner: TrialRunner, settings: TrialSettings, model_file
     baseline = next((r for r in records if r.role == "baseline" and r.outcome == "ok"), None)
     if baseline is None:
         notes.append("the baseline did not run to completion: no speedup is reported")
-    comparison = final_comparison(study, records, ranked, baseline, runner, settings, repeats,
-                                  notes)  # fmt: skip
+    comparison = final_comparison(study, ranked, baseline, runner, settings, repeats, notes)
     rec = recommendation(ranked, comparison, model_file, code_changes, notes)
     tokens = any(r.tokens_per_s is not None for r in ranked)
     return TuneRecord(

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-MODEL = '''
+MODEL = """
 import os, time
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ def build_batch(batch_size):
 def loss_fn(model, batch):
     x, y = batch
     return nn.functional.mse_loss(model(x), y)
-'''
+"""
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 STUDY = "interrupts"
 
