@@ -233,18 +233,23 @@ def check_directory(directory: Path, what: str) -> None:
 
 
 def print_table(table: Any) -> None:
-    """Print a Rich table so no figure is ever cut.
+    """Print a Rich table so no figure or word is ever cut.
 
     Rich fits a table to the console (80 columns on a pipe, where there is no
-    terminal) and, when wrapping text columns is not enough, cuts cells with ``…``.
-    Here the table never gets less than its minimum width (every column as wide as
-    its longest word): text columns still wrap, numbers stay whole.
+    terminal) and, when wrapping text is not enough, cuts cells with ``…``.
+    Here no column gets narrower than its longest word, and a console too narrow
+    for that gets the table at that width: text still wraps, numbers stay whole.
     """
     from rich.console import Console
     from rich.measure import Measurement
 
     real = console.get()
-    least = Measurement.get(real, real.options.update_width(10**6), table).minimum
+    unbounded = real.options.update_width(10**6)
+    for column in table.columns:
+        words = [Measurement.get(real, unbounded, cell).minimum
+                 for cell in (column.header, *column.cells)]  # fmt: skip
+        column.min_width = max([column.min_width or 0, *words])
+    least = Measurement.get(real, unbounded, table).minimum
     if least <= real.width:
         real.print(table)
         return

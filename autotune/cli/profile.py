@@ -97,6 +97,7 @@ class _progress:  # noqa: N801 - used as a context manager, reads like a functio
             TimeElapsedColumn(),
             console=err_console.get(),
             transient=True,
+            disable=not err_console.is_terminal,  # a bar is noise in a log
         )
         self._tasks: dict[str, TaskID] = {}
         self._bar.__enter__()

@@ -54,7 +54,7 @@ def tune_command(
         check_directory(out_dir, f"--out-dir {out_dir}")
         per_rank = max(global_batch // nproc, 1)
         base = _baseline(baseline, per_rank, nproc) if baseline else None
-        with _ProgressView(trials, quiet=False) as view:
+        with _ProgressView(trials, quiet=not err_console.is_terminal) as view:
             record = tune_model(
                 str(model), global_batch=global_batch, nproc=nproc, device=device,
                 device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
@@ -113,7 +113,9 @@ class _ProgressView:
         self.progress.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is not None:  # the error line says what happened; the bar goes
+            self.progress.live.transient = True
         self.progress.stop()
 
     def update(self, state: Any) -> None:

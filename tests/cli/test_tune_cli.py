@@ -24,7 +24,7 @@ from autotune.cli import app
         ),
         (
             ["{model}", "--global-batch", "4", "--out-dir", "nowhere"],
-            "--out-dir nowhere: no such directory",
+            "--out-dir nowhere: directory nowhere does not exist",
         ),
         (["{model}", "--global-batch", "4", "--baseline", "mb=x"], "--baseline"),
         (["{model}", "--global-batch", "4", "--device-memory", "lots"], "--device-memory"),
@@ -47,7 +47,7 @@ def test_tune_end_to_end_writes_recommendation_and_ds_config(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     cmd = [
         str(Path(sys.executable).with_name("autotune")), "tune", str(examples_dir / "mlp_dataloader.py"),
-        "--global-batch", "8", "--trials", "2", "--repeats", "0", "--steps", "1", "--warmup", "0",
+        "--global-batch", "8", "--trials", "2", "--repeats", "1", "--steps", "1", "--warmup", "0",
         "--device", "cpu", "--out-dir", str(tmp_path), "--storage", str(tmp_path / "t.db"), "--json",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
