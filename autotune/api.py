@@ -42,8 +42,12 @@ GUARD_SHARE = 0.5
 """Share of the machine's available RAM all ranks of a trial may use together."""
 
 
-def short_profile(model_path: str, per_rank: int, device: str) -> ProfileRecord:
-    """A short fresh profile: 2 measured steps at micro-batch <= 2."""
+def load_profile(
+    model_path: str, profile_path: str | None, per_rank: int, device: str
+) -> ProfileRecord:
+    """The saved profile, or a short fresh one (2 measured steps at micro-batch <= 2)."""
+    if profile_path is not None:
+        return read_record(profile_path, ProfileRecord, "profile")
     from autotune.runtime.profiler import profile
 
     return profile(model_path, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
@@ -99,7 +103,7 @@ def tune_model(
     # --storage costs nothing; tune() opens it again, which is cheap.
     saved = read_record(profile_path, ProfileRecord, "profile") if profile_path else None
     open_study(options.get("storage"), options.get("study_name", "autotune"))
-    record = saved or short_profile(model_path, global_batch // nproc, device)
+    record = saved or load_profile(model_path, None, global_batch // nproc, device)
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
     policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
