@@ -195,15 +195,15 @@ class SubprocessRunner(TrialRunner):
         return env
 
     def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
-        folder = self.workdir or Path(tempfile.gettempdir())
-        folder.mkdir(parents=True, exist_ok=True)
+        parent = self.workdir or Path(tempfile.gettempdir())
+        parent.mkdir(parents=True, exist_ok=True)
         if not self._swept:
-            sweep_trial_folders(folder)
+            sweep_trial_folders(parent)
             self._swept = True
         key = f"{settings.device}-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}"
         lock = host_lock(key) if self.one_at_a_time else contextlib.nullcontext()
         prefix = f"trial-{os.getpid()}-{socket.gethostname()}."
-        with lock, tempfile.TemporaryDirectory(prefix=prefix, dir=folder) as tmp:
+        with lock, tempfile.TemporaryDirectory(prefix=prefix, dir=parent) as tmp:
             folder = Path(tmp)
             result_path = folder / "result.json"
             spec = WorkerSpec(
