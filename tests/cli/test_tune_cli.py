@@ -62,3 +62,13 @@ def test_tune_end_to_end_writes_recommendation_and_ds_config(
     plan = rec["plan"]
     assert config["train_batch_size"] == 8
     assert config["train_micro_batch_size_per_gpu"] == plan["micro_batch"]
+    # --finish starts no trial and reads the study's one final comparison back.
+    (tmp_path / "recommendation.json").unlink()
+    done = subprocess.run([*cmd, "--finish"], capture_output=True, text=True, env=env, timeout=400,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads(done.stdout)
+    assert again["comparison"] == record["comparison"]
+    assert any("read from the study" in note for note in again["notes"])
+    assert [t["number"] for t in again["trials"]] == [t["number"] for t in record["trials"]]
+    assert json.loads((tmp_path / "recommendation.json").read_text())["plan"] == rec["plan"]
