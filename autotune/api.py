@@ -16,7 +16,7 @@ from typing import Any
 from autotune.confirm import ConfirmRecord, confirm_changes
 from autotune.emit import Config, code_changes_for, emit_deepspeed_config
 from autotune.estimator import estimate_plan, facts_from_profile
-from autotune.policy import policy_plan
+from autotune.policy import load_policy, policy_plan
 from autotune.records import (
     AutotuneError,
     Capabilities,
@@ -36,6 +36,7 @@ from autotune.search import (
     TrialRunner,
     TrialSettings,
     TuneRecord,
+    open_study,
     parse_endpoint,
     tune,
 )
@@ -84,24 +85,42 @@ def default_guard(nproc: int) -> int:
 
 
 def check_tune_options(
-    model_path: str | None, global_batch: int, nproc: int, nodes: int, rdzv_endpoint: str | None
+    model_path: str | None,
+    global_batch: int,
+    nproc: int,
+    nodes: int,
+    rdzv_endpoint: str | None,
+    *,
+    baseline: Plan | None = None,
+    policy_path: str | None = None,
 ) -> None:
-    """The checks of ``autotune tune``'s options that need no work (``model_path=None``: a
-    Hugging Face entry, checked by its loader; ``rdzv_endpoint=""``: the caller brings its
-    own runner).
+    """Every check of ``autotune tune``'s options that needs no work: one line each.
+
+    ``model_path=None``: a Hugging Face entry, checked by its loader; ``rdzv_endpoint=""``:
+    the caller brings its own runner.
 
     Raises:
         AutotuneError: one line naming the model file or the flag.
     """
+    if model_path is not None and Path(model_path).is_dir():
+        raise AutotuneError(f"{model_path}: is a directory, not a model file")
     if model_path is not None and not Path(model_path).is_file():
         raise AutotuneError(f"{model_path}: no such model file")
-    if global_batch < 1 or nproc < 1 or nodes < 1 or global_batch % (nproc * nodes):
+    for flag, value in (("--global-batch", global_batch), ("--nproc", nproc), ("--nnodes", nodes)):
+        if value < 1:
+            raise AutotuneError(f"{flag}: must be >= 1 (got {value})")
+    if global_batch % (nproc * nodes):
         ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes != 1 else "")
         raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
     if nodes > 1 and rdzv_endpoint is None:
         raise AutotuneError(f"--nnodes {nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes")
     if nodes > 1 and rdzv_endpoint:
         parse_endpoint(rdzv_endpoint)
+    if baseline is not None and baseline.global_batch != global_batch:
+        raise AutotuneError(
+            f"--baseline: global batch {baseline.global_batch} != --global-batch {global_batch}"
+        )
+    load_policy(policy_path)
 
 
 def tune_model(
@@ -177,15 +196,20 @@ def _tune_file(
     **options: Any,
 ) -> TuneRecord:
     check_tune_options(
-        model_path, global_batch, nproc, nodes, rdzv_endpoint if runner is None else ""
-    )
+        model_path, global_batch, nproc, nodes, rdzv_endpoint if runner is None else "",
+        baseline=baseline, policy_path=policy_path,
+    )  # fmt: skip
     world = nproc * nodes
     if runner is None and nodes > 1:
         assert rdzv_endpoint is not None
         runner = AgentRunner(storage=options.get("storage"), study_name=options["study_name"],
                              nnodes=nodes, nproc=nproc, rdzv_endpoint=rdzv_endpoint,
                              join_timeout_s=join_timeout)  # fmt: skip
-    record = load_profile(model_path, profile_path, global_batch // world, device)
+    # The storage is opened (and the study created) before any measurement, so a bad
+    # --storage costs nothing; tune() opens it again, which is cheap.
+    saved = read_record(profile_path, ProfileRecord, "profile") if profile_path else None
+    open_study(options.get("storage"), options["study_name"])
+    record = saved or load_profile(model_path, None, global_batch // world, device)
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
     policy = policy_plan(record, device_memory=device_memory, world_size=world, gpus_per_node=nproc,

@@ -18,9 +18,11 @@ from autotune.cli import profile as _profile
 from autotune.cli import report as _report
 from autotune.cli import suggest as _suggest
 from autotune.cli import tune as _tune
+from autotune.cli._common import OneLineErrors
 
 app = typer.Typer(
     name="autotune",
+    cls=OneLineErrors,
     help="Measure a PyTorch training step, predict plans, suggest the next change, confirm it.",
     no_args_is_help=True,
     add_completion=False,

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from autotune.cli._common import console, err_console, user_errors
+from autotune.cli._common import check_output, console, err_console, user_errors
 from autotune.records import AutotuneError
 
 FRAMEWORKS = ("torch", "deepspeed", "hf_trainer", "accelerate")
@@ -55,16 +55,26 @@ def config(
 
         if framework not in FRAMEWORKS:
             raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+        if out is not None:
+            check_output(out, "--out")
         rec = _load_source(recommendation, plan)
         capabilities = _capabilities(profile) if profile else rec.capabilities
-        result = deepspeed_config(
-            rec,
-            world_size=world_size,
-            base=_load_base(base) if base else None,
-            hf_auto=hf_auto,
-            nvme_path=nvme_path,
-            capabilities=capabilities,
-        )
+        try:
+            result = deepspeed_config(
+                rec,
+                world_size=world_size,
+                base=_load_base(base) if base else None,
+                hf_auto=hf_auto,
+                nvme_path=nvme_path,
+                capabilities=capabilities,
+            )
+        except AutotuneError as exc:
+            # The emitter says "base config: ..."; the user knows it by its file name.
+            if base is None or not str(exc).startswith("base config: "):
+                raise
+            raise AutotuneError(
+                f"--base {base}: {str(exc).removeprefix('base config: ')}"
+            ) from None
         text = json.dumps(result, indent=2) + "\n"
         if out is not None:
             atomic_write_text(out, text)
@@ -85,6 +95,10 @@ def _load_source(path: Path | None, plan_text: str | None) -> Any:
     assert path is not None
     data = read_json(path, "recommendation")
     if isinstance(data, dict) and isinstance(data.get("recommendation"), dict):
+        from autotune.records import check_version
+        from autotune.search import TuneRecord
+
+        check_version(data, TuneRecord, path, "tune record")
         data = data["recommendation"]  # a tune record: its recommendation is what counts
     return validate_record(data, Recommendation, path, "recommendation")
 

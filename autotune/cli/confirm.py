@@ -7,7 +7,14 @@ from pathlib import Path
 import typer
 
 from autotune.cli import _source
-from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.cli._common import (
+    check_output,
+    console,
+    device_name,
+    err_console,
+    print_json,
+    user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -17,25 +24,31 @@ def register(app: typer.Typer) -> None:
 
 def confirm_command(
     model: Path | None = _source.MODEL,
-    batch_size: int = typer.Option(..., "--batch-size", "-b", help="Micro-batch of the baseline."),
+    batch_size: int = typer.Option(
+        ..., "--batch-size", "-b", min=1, help="Micro-batch of the baseline."
+    ),
     profile: Path | None = typer.Option(
         None, "--profile", help="Reuse a saved baseline profile instead of profiling now."
     ),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
-    steps: int = typer.Option(3, "--steps", help="Timed steps per arm in each repeat."),
-    repeats: int = typer.Option(
-        5, "--repeats", help="Interleaved A/B repeats (the interval's sample)."
+    device: str = typer.Option(
+        "cpu", "--device", callback=device_name, help="cpu, cuda or cuda:N."
     ),
-    warmup: int = typer.Option(1, "--warmup", help="Untimed steps per arm first."),
+    steps: int = typer.Option(3, "--steps", min=1, help="Timed steps per arm in each repeat."),
+    repeats: int = typer.Option(
+        5, "--repeats", min=1, help="Interleaved A/B repeats (the interval's sample)."
+    ),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed steps per arm first."),
     loss_tolerance: float = typer.Option(
         0.05, "--loss-tolerance", help="Largest relative change of the mean loss accepted."
     ),
-    max_changes: int = typer.Option(8, "--max-changes", help="Most changes tried in one session."),
+    max_changes: int = typer.Option(
+        8, "--max-changes", min=1, help="Most changes tried in one session."
+    ),
     device_memory: str | None = typer.Option(
         None, "--device-memory", help="Per-device budget, e.g. 16GB."
     ),
     global_batch: int | None = typer.Option(
-        None, "--global-batch", help="Target samples per step."
+        None, "--global-batch", min=1, help="Target samples per step."
     ),
     policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file."),
     output: Path = typer.Option(
@@ -58,7 +71,8 @@ def confirm_command(
         )
 
         if not 0 < loss_tolerance < 1:
-            raise AutotuneError(f"--loss-tolerance: {loss_tolerance} must be between 0 and 1")
+            raise AutotuneError(f"--loss-tolerance: must be between 0 and 1 (got {loss_tolerance})")
+        check_output(output, "--output")
         record = confirm(
             model,
             batch_size=batch_size,

@@ -10,9 +10,11 @@ import typer
 from autotune.cli._common import (
     PrecisionChoice,
     Switch,
+    above,
     console,
     err_console,
     print_json,
+    print_table,
     user_errors,
 )
 from autotune.records import AutotuneError, format_bytes, format_count, parse_bytes, parse_count
@@ -61,10 +63,10 @@ def estimate_command(
         0.10, "--margin", min=0.0, max=0.9, help="Share of memory kept free."
     ),
     intra_gbps: float | None = typer.Option(
-        None, "--intra-gbps", min=0.0, help="Gbit/s in a node."
+        None, "--intra-gbps", callback=above(0), help="Gbit/s in a node."
     ),
     inter_gbps: float | None = typer.Option(
-        None, "--inter-gbps", min=0.0, help="Gbit/s between nodes."
+        None, "--inter-gbps", callback=above(0), help="Gbit/s between nodes."
     ),
     plan: list[str] = typer.Option(
         [], "--plan", help="Knobs, e.g. stage=2,mb=4,ckpt=12 (repeatable)."
@@ -75,8 +77,12 @@ def estimate_command(
     train_tokens: str | None = typer.Option(
         None, "--train-tokens", help="Token budget, e.g. 300B."
     ),
-    mfu: float | None = typer.Option(None, "--mfu", min=0.0, max=1.0, help="Assumed MFU for days."),
-    peak_tflops: float | None = typer.Option(None, "--peak-tflops", min=0.0, help="Device peak."),
+    mfu: float | None = typer.Option(
+        None, "--mfu", max=1.0, callback=above(0), help="Assumed MFU for days."
+    ),
+    peak_tflops: float | None = typer.Option(
+        None, "--peak-tflops", callback=above(0), help="Device peak."
+    ),
     check: list[str] = typer.Option(
         [],
         "--check",
@@ -124,7 +130,7 @@ def estimate_command(
         if as_json:
             print_json(record)
         else:
-            console.print(render(record))
+            print_table(render(record))
             for line in _footer(record):
                 console.print(line, markup=False, soft_wrap=True)
 
@@ -206,8 +212,8 @@ def _facts(
             raise AutotuneError("--hf-config needs --seq-len (tokens per sample)")
         from autotune.runtime.trace import facts_from_hf_config
 
-        err_console.print(f"tracing {hf_config} on fake tensors ...", style="dim")
-        traced = facts_from_hf_config(hf_config, seq_len, precisions=precisions)
+        with err_console.status(f"tracing {hf_config} on fake tensors ..."):
+            traced = facts_from_hf_config(hf_config, seq_len, precisions=precisions)
     if not profiles:
         if model is None and traced is None:
             raise AutotuneError("MODEL: give a model file, --hf-config or --profile")
@@ -215,17 +221,15 @@ def _facts(
             return traced
         from autotune.runtime.trace import facts_from_model_file
 
-        err_console.print(f"tracing {model} on fake tensors ...", style="dim")
-        return facts_from_model_file(model, precisions=precisions)  # type: ignore[arg-type]
+        with err_console.status(f"tracing {model} on fake tensors ..."):
+            return facts_from_model_file(model, precisions=precisions)  # type: ignore[arg-type]
     measured = _measured_facts(profiles)
     missing = tuple(p for p in precisions if p not in measured.activations)
     if missing and model is not None and traced is None:
         from autotune.runtime.trace import facts_from_model_file
 
-        err_console.print(
-            f"tracing {model} on fake tensors for {', '.join(missing)} ...", style="dim"
-        )
-        traced = facts_from_model_file(model, precisions=missing)
+        with err_console.status(f"tracing {model} on fake tensors for {', '.join(missing)} ..."):
+            traced = facts_from_model_file(model, precisions=missing)
     if traced is None:
         return measured
     extra = {k: v for k, v in traced.activations.items() if k not in measured.activations}

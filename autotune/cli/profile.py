@@ -12,12 +12,15 @@ from autotune.cli import _source
 from autotune.cli._common import (
     PrecisionChoice,
     Switch,
+    check_output,
     console,
+    device_name,
     err_console,
     print_json,
+    print_table,
     user_errors,
 )
-from autotune.records import AutotuneError, format_bytes, format_count
+from autotune.records import format_bytes, format_count
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -30,7 +33,9 @@ def profile_command(
     batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="Samples per step."),
     steps: int = typer.Option(20, "--steps", min=1, help="Timed steps (medians reported)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Steps run first and dropped."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    device: str = typer.Option(
+        "auto", "--device", callback=device_name, help="auto, cpu, cuda or cuda:N."
+    ),
     precision: PrecisionChoice = typer.Option(
         PrecisionChoice.fp32, "--precision", help="fp32, or autocast bf16/fp16 with fp32 weights."
     ),
@@ -47,8 +52,7 @@ def profile_command(
 ) -> None:
     """Run real training steps of MODEL and measure memory, time, FLOPs and the device."""
     with user_errors(), _source.model_source(model, hf_config, hf_model, seq_len) as source:
-        if not (out.parent if str(out.parent) else Path(".")).is_dir():
-            raise AutotuneError(f"--out {out}: directory {out.parent} does not exist")
+        check_output(out, "--out")
         from autotune.runtime.profiler import profile
 
         # Rebuilt from the parsed options (all of them, defaults included), so two
@@ -80,7 +84,7 @@ def profile_command(
         if as_json:
             print_json(record)
         else:
-            console.print(render(record))
+            print_table(render(record))
             console.print(f"[dim]record written to {out}[/dim]")
 
 
@@ -97,6 +101,7 @@ class _progress:  # noqa: N801 - used as a context manager, reads like a functio
             TimeElapsedColumn(),
             console=err_console.get(),
             transient=True,
+            disable=not err_console.is_terminal,  # a bar is noise in a log
         )
         self._tasks: dict[str, TaskID] = {}
         self._bar.__enter__()
@@ -130,7 +135,7 @@ def render(record: ProfileRecord) -> Table:
     )
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("what")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", no_wrap=True)
     table.add_column("note")
     stack = record.model.block_stack
     table.add_row(

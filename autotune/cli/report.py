@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from autotune.cli._common import err_console, print_json, user_errors
+from autotune.cli._common import check_output, err_console, print_json, user_errors
 
 
 def report(
@@ -40,6 +40,8 @@ def report(
     with user_errors():
         from autotune.records import parse_bytes
         from autotune.report import build_report, load_inputs, write_report
+
+        check_output(out, "--out")
 
         budget = parse_bytes(device_memory, "--device-memory") if device_memory else None
         inputs = load_inputs(

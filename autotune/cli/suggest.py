@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from autotune.cli._common import console, print_json, user_errors
+from autotune.cli._common import above, console, print_json, user_errors
 from autotune.records import format_bytes, parse_bytes
 
 
@@ -24,15 +24,21 @@ def suggest_command(
         "--device-memory",
         help="Per-device memory budget, e.g. 80GB (default: the profiled GPU's).",
     ),
-    world_size: int = typer.Option(1, "--world-size", help="Data-parallel devices in all."),
+    world_size: int = typer.Option(1, "--world-size", min=1, help="Data-parallel devices in all."),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="Devices per node (default: all on one node)."
+        None, "--gpus-per-node", min=1, help="Devices per node (default: all on one node)."
     ),
     inter_gbps: float | None = typer.Option(
-        None, "--inter-gbps", help="Inter-node bandwidth in Gbit/s (<= 100 counts as slow)."
+        None,
+        "--inter-gbps",
+        callback=above(0),
+        help="Inter-node bandwidth in Gbit/s (<= 100 counts as slow).",
     ),
     global_batch: int | None = typer.Option(
-        None, "--global-batch", help="Target samples per optimizer step, kept with accumulation."
+        None,
+        "--global-batch",
+        min=1,
+        help="Target samples per optimizer step, kept with accumulation.",
     ),
     policy: Path | None = typer.Option(
         None,

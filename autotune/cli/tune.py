@@ -9,7 +9,16 @@ from typing import Any
 import typer
 
 from autotune.cli import _source
-from autotune.cli._common import console, err_console, print_json, user_errors
+from autotune.cli._common import (
+    above,
+    check_directory,
+    console,
+    device_name,
+    err_console,
+    print_json,
+    print_table,
+    user_errors,
+)
 from autotune.records import format_bytes, parse_bytes
 
 
@@ -20,27 +29,28 @@ def register(app: typer.Typer) -> None:
 
 def tune_command(
     model: Path | None = _source.MODEL,
-    global_batch: int = typer.Option(..., "--global-batch", help="Samples per optimizer step, kept by every plan."),
-    nproc: int = typer.Option(1, "--nproc", help="Ranks per trial on each node (torchrun); ZeRO stages are searched when a trial has > 1 rank."),
-    nnodes: int = typer.Option(1, "--nnodes", help="Nodes per trial. > 1: this command only asks the study; `autotune agent` on every node launches the ranks."),
+    global_batch: int = typer.Option(..., "--global-batch", min=1, help="Samples per optimizer step, kept by every plan."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks per trial on each node (torchrun); ZeRO stages are searched when a trial has > 1 rank."),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes per trial. > 1: this command only asks the study; `autotune agent` on every node launches the ranks."),
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes > 1): a free port on one of the nodes."),
-    join_timeout: float = typer.Option(120.0, "--join-timeout", help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
-    inter_gbps: float | None = typer.Option(None, "--inter-gbps", help="Link between nodes, Gbit/s: the estimate's communication time for plans over nodes."),
-    trials: int = typer.Option(20, "--trials", help="Plans to measure (pruned plans do not count)."),
-    budget_minutes: float | None = typer.Option(None, "--budget-minutes", help="Stop starting trials after this much trial time."),
-    trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a trial's process group is killed."),
+    join_timeout: float = typer.Option(120.0, "--join-timeout", callback=above(0), help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
+    inter_gbps: float | None = typer.Option(None, "--inter-gbps", callback=above(0), help="Link between nodes, Gbit/s: the estimate's communication time for plans over nodes."),
+    trials: int = typer.Option(20, "--trials", min=1, help="Plans to measure (pruned plans do not count)."),
+    budget_minutes: float | None = typer.Option(None, "--budget-minutes", callback=above(0), help="Stop starting trials after this much trial time."),
+    trial_timeout: float = typer.Option(300.0, "--trial-timeout", callback=above(0), help="Seconds before a trial's process group is killed."),
     device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
-    heartbeat: int = typer.Option(10, "--heartbeat", help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
+    heartbeat: int = typer.Option(10, "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
-    steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
-    warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
-    repeats: int = typer.Option(3, "--repeats", help="Interleaved re-runs of best, baseline and runner-up."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    steps: int = typer.Option(3, "--steps", min=1, help="Measured optimizer steps per trial."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Interleaved re-runs of best, baseline and runner-up."),
+    device: str = typer.Option("auto", "--device", callback=device_name, help="auto, cpu, cuda or cuda:N."),
     profile: Path | None = typer.Option(None, "--profile", help="A saved profile (default: a short fresh one)."),
     baseline: str | None = typer.Option(None, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
     policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json and ds_config.json go."),
+    finish: bool = typer.Option(False, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
     json_output: bool = typer.Option(False, "--json", help="Print the tune record as JSON only."),
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
@@ -56,18 +66,14 @@ def tune_command(
     """
     with user_errors():
         from autotune.api import check_tune_options, tune_model
-        from autotune.records import AutotuneError
 
-        if not out_dir.is_dir():
-            raise AutotuneError(f"--out-dir {out_dir}: no such directory")
+        check_directory(out_dir, f"--out-dir {out_dir}")
         check_tune_options(
             str(model) if model else None, global_batch, nproc, nnodes, rdzv_endpoint
         )
-        if heartbeat < 1:
-            raise AutotuneError(f"--heartbeat: must be at least 1 second, got {heartbeat}")
         per_rank = max(global_batch // max(nproc * nnodes, 1), 1)
         base = _baseline(baseline, per_rank, nproc, nnodes) if baseline else None
-        with _ProgressView(trials, quiet=False) as view:
+        with _ProgressView(trials, quiet=not err_console.is_terminal) as view:
             record = tune_model(
                 str(model) if model else None, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
                 global_batch=global_batch, nproc=nproc, device=device,
@@ -78,7 +84,7 @@ def tune_command(
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study,
                 repeats=repeats, heartbeat_s=heartbeat, nodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                join_timeout=join_timeout, inter_gbps=inter_gbps,
+                join_timeout=join_timeout, inter_gbps=inter_gbps, finish=finish,
             )  # fmt: skip
         written = _write_outputs(record, out_dir, nproc * nnodes)
         if json_output:
@@ -129,7 +135,9 @@ class _ProgressView:
         self.progress.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is not None:  # the error line says what happened; the bar goes
+            self.progress.live.transient = True
         self.progress.stop()
 
     def update(self, state: Any) -> None:
@@ -154,18 +162,10 @@ def render(record: Any, written: list[Path]) -> None:
     from rich.table import Table
 
     table = Table(title=f"study {record.study} ({record.storage})")
-    for column in (
-        "#",
-        "role",
-        "plan",
-        "state",
-        "outcome",
-        "throughput",
-        "peak (measured)",
-        "peak (predicted)",
-        "reason",
-    ):
-        table.add_column(column)  # fmt: skip
+    for column in ("#", "role", "plan", "state", "outcome", "throughput", "peak (measured)",
+                   "peak (predicted)", "reason"):  # fmt: skip
+        # Figures never wrap (print_table widens the table rather than cut them).
+        table.add_column(column, no_wrap=column in ("#", "throughput"))
     for t in record.trials:
         predicted = (
             f"{format_bytes(t.predicted_peak_bytes)} ({t.prediction_source})"
@@ -177,7 +177,7 @@ def render(record: Any, written: list[Path]) -> None:
         )
         table.add_row(str(t.number), t.role, t.plan.describe(), t.state, t.outcome or "–",
                       _throughput(t), measured, predicted, t.reason or "")  # fmt: skip
-    console.print(table)
+    print_table(table)
     _render_recommendation(record)
     for path in written:
         console.print(f"wrote {path}")
@@ -188,7 +188,7 @@ def render(record: Any, written: list[Path]) -> None:
 def _render_recommendation(record: Any) -> None:
     rec = record.recommendation
     if rec is None:
-        console.print("no plan ran to completion: no recommendation")
+        console.print("no recommendation from this run (the notes say why)")
         return
     comparison = record.comparison
     for index, (label, measured) in enumerate(

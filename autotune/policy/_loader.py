@@ -194,6 +194,6 @@ def _check_conflicts(source: Path | Traversable, rules: tuple[Rule, ...]) -> Non
             shared = ACTIONS[rule.action].knobs & ACTIONS[other.action].knobs
             if shared:
                 raise AutotuneError(
-                    f"{source}: rule {other.id!r}: field action: sets {sorted(shared)[0]} "
+                    f"{source}: rule {other.id!r}: field action: sets {' and '.join(sorted(shared))} "
                     f"at order {rule.order}, as rule {rule.id!r} does"
                 )

@@ -5,11 +5,12 @@ the one error type, atomic JSON I/O and unit parsing. No stage logic lives here.
 from __future__ import annotations
 
 from autotune.records._base import Record
-from autotune.records._errors import AutotuneError
+from autotune.records._errors import AutotuneError, Terminated, sigterm_unwinds
 from autotune.records._io import (
     RecordT,
     atomic_write_bytes,
     atomic_write_text,
+    check_version,
     read_json,
     read_record,
     validate_record,
@@ -72,9 +73,11 @@ __all__ = [
     "RecordT",
     "Spread",
     "StepTime",
+    "Terminated",
     "Throughput",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_version",
     "format_bytes",
     "format_count",
     "format_plan",
@@ -83,6 +86,7 @@ __all__ = [
     "parse_plan",
     "read_json",
     "read_record",
+    "sigterm_unwinds",
     "validate_record",
     "write_record",
 ]

@@ -1,6 +1,12 @@
-"""The one error type that reaches users as a single line."""
+"""The error types that reach users: a fixable problem (one line, exit 2) and SIGTERM."""
 
 from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 
 class AutotuneError(Exception):
@@ -11,3 +17,39 @@ class AutotuneError(Exception):
     """
 
     exit_code = 2
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised so that ``finally`` blocks run (trials are given back,
+    child process groups killed) before the process exits with 128 + the signal.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While inside, SIGTERM raises :class:`Terminated` instead of ending the process at once.
+
+    Only in the main thread and only where SIGTERM still has its default action
+    (a caller's own handler is left alone); the previous handler comes back on exit.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

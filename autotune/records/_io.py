@@ -71,8 +71,40 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
         raise AutotuneError(f"{source}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
 
 
+def check_version(data: Any, model: type[BaseModel], source: object, what: str) -> None:
+    """Refuse a record written for another ``schema_version`` than ``model`` reads.
+
+    A newer record may hold fields or meanings this version does not know; an
+    older one may mean something else by a field of the same name. Neither is
+    read as if it were current (no migration exists yet: version 1 is the first).
+    A record without the field is taken as current.
+
+    Raises:
+        AutotuneError: naming the file, the record's version and the one this autotune reads.
+    """
+    field = model.model_fields.get("schema_version")
+    if field is None or not isinstance(data, dict) or "schema_version" not in data:
+        return
+    found, known = data["schema_version"], field.default
+    if not isinstance(found, int) or isinstance(found, bool) or found == known:
+        return  # a non-integer is the validator's to report
+    if found > known:
+        raise AutotuneError(
+            f"{source}: {what} has schema_version {found}, newer than the {known} this "
+            f"autotune reads: upgrade autotune to read it"
+        )
+    raise AutotuneError(
+        f"{source}: {what} has schema_version {found}, older than the {known} this autotune "
+        f"reads, and there is no migration: re-create it with this version"
+    )
+
+
 def validate_record(data: Any, model: type[RecordT], source: object, what: str) -> RecordT:
-    """Validate parsed JSON as ``model``; the first error names the source and the field."""
+    """Validate parsed JSON as ``model``; the first error names the source and the field.
+
+    A record of another ``schema_version`` is refused first (:func:`check_version`).
+    """
+    check_version(data, model, source, what)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -42,6 +42,9 @@ class ModelSource:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The innermost cause, on one line: config validators wrap their ValueError."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
 

@@ -264,6 +264,8 @@ def load_model_file(path: str | Path) -> ModelFile:
             line), or lacks ``build_model`` / ``build_batch`` or ``build_dataloader``.
     """
     source = Path(path).expanduser().resolve()
+    if source.is_dir():
+        raise AutotuneError(f"{path}: is a directory, not a model file")
     if not source.is_file():
         raise AutotuneError(f"{path}: no such model file")
     data = source.read_bytes()

@@ -92,8 +92,8 @@ def profile(
     if batch_size < 1 or steps < 1 or warmup < 0:
         raise AutotuneError("--batch-size and --steps must be >= 1, --warmup >= 0")
     report = progress or (lambda phase, done, total: None)
-    model_file = load_model_file(model_path)
     device_obj = dev.resolve_device(device)
+    model_file = load_model_file(model_path)
     runner = TrainRunner(model_file, device=device_obj, precision=precision, micro_batch=batch_size)
     try:
         if checkpointing:

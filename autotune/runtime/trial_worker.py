@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from autotune.records import read_record, write_record
+from autotune.runtime.lifeline import die_with_parent
 from autotune.search import StepSplit, TrialResult, WorkerSpec
 
 
@@ -321,6 +322,7 @@ def _iter_lines(exc: BaseException) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m autotune.runtime.trial_worker SPEC.json``: exit 0 with a result file, else 1."""
+    die_with_parent()  # a rank under torchrun: die with torchrun, which dies with tune
     args = sys.argv[1:] if argv is None else argv
     spec = read_record(args[0], WorkerSpec, "trial spec")
     # Local rank 0 of every node writes: a trial over nodes leaves its result on each node's

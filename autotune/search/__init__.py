@@ -24,6 +24,7 @@ from autotune.search._compare import (
     compare,
     recommendation,
 )
+from autotune.search._final import final_comparison
 from autotune.search._outcome import classify_outcome, outcome_reason, over_budget
 from autotune.search._records import (
     Comparison,
@@ -40,14 +41,19 @@ from autotune.search._records import (
 )
 from autotune.search._runner import (
     EXTENSIONS_DIR,
+    LIFELINE_ENV,
+    LIFELINE_MODULE,
     WORKER_MODULE,
     Behaviour,
     FakeRunner,
     SubprocessRunner,
     TrialRunner,
     free_port,
+    host_lock,
     kill_group,
+    pid_alive,
     read_result,
+    sweep_trial_folders,
 )
 from autotune.search._space import (
     Predict,
@@ -63,6 +69,7 @@ from autotune.search._study import (
     ask,
     distributions,
     enqueue,
+    give_back,
     open_study,
     records,
     recover_stale,
@@ -89,6 +96,8 @@ __all__ = [
     "DEFAULT_STORAGE",
     "EXTENSIONS_DIR",
     "FakeRunner",
+    "LIFELINE_ENV",
+    "LIFELINE_MODULE",
     "Outcome",
     "Predict",
     "Prediction",
@@ -115,13 +124,17 @@ __all__ = [
     "distributions",
     "divisors",
     "enqueue",
+    "final_comparison",
     "free_port",
+    "give_back",
+    "host_lock",
     "kill_group",
     "make_space",
     "oom_lesson",
     "open_study",
     "outcome_reason",
     "over_budget",
+    "pid_alive",
     "read_result",
     "recommendation",
     "records",
@@ -129,6 +142,7 @@ __all__ = [
     "same_but_micro_batch",
     "storage_url",
     "store",
+    "sweep_trial_folders",
     "to_record",
     "tune",
 ]

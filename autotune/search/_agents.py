@@ -34,6 +34,7 @@ from autotune.records import AutotuneError, Plan
 from autotune.search import _study
 from autotune.search._records import RunReport, TrialSettings
 from autotune.search._runner import SubprocessRunner, TrialRunner
+from autotune.search._storage_errors import lost_a_race, storage_error
 
 JOB_KEY = "autotune:job"
 REPORT_PREFIX = "autotune:report:"
@@ -276,10 +277,8 @@ def _wait_for_study(storage: str | None, name: str, timeout_s: float, poll_s: fl
                     f"--study {name}: not in {url} after {timeout_s:.0f} s"
                 ) from None
         except Exception as exc:  # unreachable server, wrong host, bad credentials
-            if not _study.creating_race(exc):  # agents starting together race to create the schema
-                raise AutotuneError(
-                    f"--storage {url}: cannot open the study: {_study.one_line(exc)}"
-                ) from None
+            if not lost_a_race(exc):  # agents starting together race to create the schema
+                raise storage_error(url, exc) from None
         time.sleep(poll_s)
 
 

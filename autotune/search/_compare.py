@@ -17,17 +17,18 @@ BOTH = "search best = baseline"
 Round = list[tuple[float, float | None, int | None] | None]
 
 
-def _entries(
+def entries(
     ranked: list[TrialRecord], baseline: TrialRecord | None
 ) -> list[tuple[str, TrialRecord]]:
+    """What the final comparison re-runs, labelled: the search's best, the baseline, the runner-up."""
     if baseline is not None and baseline.plan == ranked[0].plan:
-        entries = [(BOTH, ranked[0])]
+        chosen = [(BOTH, ranked[0])]
     else:
-        entries = [(BEST, ranked[0])] + ([(BASELINE, baseline)] if baseline is not None else [])
+        chosen = [(BEST, ranked[0])] + ([(BASELINE, baseline)] if baseline is not None else [])
     runner_up = next((r for r in ranked[1:] if baseline is None or r.plan != baseline.plan), None)
     if runner_up is not None:
-        entries.append(("runner-up", runner_up))
-    return entries
+        chosen.append(("runner-up", runner_up))
+    return chosen
 
 
 def _rounds(
@@ -83,21 +84,21 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     per-round ratios winner/baseline: both ran in the same round, so slow
     phases of the machine hit both.
     """
-    entries = _entries(ranked, baseline)
-    labels = [label for label, _ in entries]
+    chosen = entries(ranked, baseline)
+    labels = [label for label, _ in chosen]
     base = baseline_index(labels)
     if repeats < 1:
-        measured = [_from_search(record) for _, record in entries]
+        measured = [_from_search(record) for _, record in chosen]
         ratio = (
             measured[0].samples_per_s / measured[base].samples_per_s if base is not None else None
         )
         return Comparison(repeats=0, measured=measured, labels=labels, speedup=ratio)
-    rounds = _rounds(runner, settings, [record.plan for _, record in entries], repeats)
+    rounds = _rounds(runner, settings, [record.plan for _, record in chosen], repeats)
     measured = []
-    for column, (_, record) in enumerate(entries):
+    for column, (_, record) in enumerate(chosen):
         values = [row[column] for row in rounds if row[column] is not None]
         measured.append(_measured(record.plan, values) if values else _from_search(record))  # type: ignore[arg-type]
-    ran = [i for i in range(len(entries)) if any(row[i] for row in rounds)] or [0]
+    ran = [i for i in range(len(chosen)) if any(row[i] for row in rounds)] or [0]
     winner = max(ran, key=lambda i: measured[i].samples_per_s)
     speedup, interval = _speedup(rounds, winner, base)
     return Comparison(repeats=repeats, measured=measured, labels=labels, winner=winner,
@@ -119,8 +120,10 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
                    code_changes: Callable[[Plan], list[Any]] | None,
                    notes: list[str]) -> Recommendation | None:  # fmt: skip
     """The tune recommendation: the comparison's winner next to the baseline."""
-    if not ranked or comparison is None:
+    if not ranked:
         notes.append("no plan ran to completion: nothing to recommend")
+        return None
+    if comparison is None:  # left to another worker; a note says which
         return None
     labels = comparison.labels
     best = comparison.measured[comparison.winner]

@@ -1,18 +1,26 @@
-"""Trial runners: launch one plan as a child process group (or fake it) and report what happened."""
+"""Trial runners: launch one plan as a child process group (or fake it) and report what happened.
+
+Nothing a trial starts outlives it: every launch goes through ``autotune.runtime.lifeline``
+(the launcher and each rank get SIGKILL when their parent dies, even by SIGKILL), the
+parent kills the launch's process group on every exit path, and trial folders are named
+``trial-PID-HOST.*`` so the next runner sweeps those whose process is gone.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -21,6 +29,10 @@ from autotune.records import Plan, write_record
 from autotune.search._records import RunReport, TrialResult, TrialSettings, WorkerSpec
 
 WORKER_MODULE = "autotune.runtime.trial_worker"
+LIFELINE_MODULE = "autotune.runtime.lifeline"
+LIFELINE_ENV = "AUTOTUNE_PARENT_PID"
+"""Names the process whose death ends the child (read by ``autotune.runtime.lifeline``)."""
+_FOLDER = re.compile(r"trial-(?P<pid>\d+)-(?P<host>.+)\.[^.]+")
 TAIL_CHARS = 4000
 EXTENSIONS_DIR = Path("~/.cache/autotune-torch-extensions").expanduser()
 # A launch that dies with one of these before its first step lost a port race or a
@@ -65,6 +77,46 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_trial_folders(folder: Path) -> list[Path]:
+    """Remove ``trial-PID-HOST.*`` folders left by a process of this host that is gone
+    (one killed with SIGKILL cannot remove its own). Returns what was removed.
+    """
+    host, removed = socket.gethostname(), []
+    with contextlib.suppress(OSError):
+        for path in folder.iterdir():
+            match = _FOLDER.fullmatch(path.name)
+            if match and match["host"] == host and not pid_alive(int(match["pid"])):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def host_lock(key: str) -> Iterator[None]:
+    """Hold this host's lock for ``key`` (a device): measured work of concurrent workers
+    on one machine runs one launch at a time instead of measuring each other's load.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+    path = Path(tempfile.gettempdir()) / f"autotune-trials-{os.getuid()}-{name}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class SubprocessRunner(TrialRunner):
     """Each trial in a new session: ``python -m WORKER`` for one rank, torchrun for several.
 
@@ -74,7 +126,9 @@ class SubprocessRunner(TrialRunner):
         retries: relaunches, on a fresh port, of a launch that failed before its
             first step with a port or rendezvous error.
         env: extra environment for the children.
-        workdir: where spec and result files go (a temporary folder if ``None``).
+        workdir: where spec and result files go (the system's temporary folder if ``None``).
+        one_at_a_time: hold a per-host, per-device lock while a launch runs, so workers
+            sharing a machine do not overlap measured work.
     """
 
     def __init__(
@@ -85,6 +139,7 @@ class SubprocessRunner(TrialRunner):
         retries: int = 2,
         env: Mapping[str, str] | None = None,
         workdir: str | os.PathLike[str] | None = None,
+        one_at_a_time: bool = True,
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
@@ -93,6 +148,8 @@ class SubprocessRunner(TrialRunner):
         self.retries = retries
         self.env = dict(env or {})
         self.workdir = Path(workdir) if workdir is not None else None
+        self.one_at_a_time = one_at_a_time
+        self._swept = False
 
     def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
         """Launch ``plan``; relaunch on a fresh port after a rendezvous failure."""
@@ -125,7 +182,7 @@ class SubprocessRunner(TrialRunner):
 
     def child_env(self, plan: Plan, settings: TrialSettings, port: int) -> dict[str, str]:
         """The environment of a launch: rendezvous for one rank, threads, extension cache."""
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", LIFELINE_ENV: str(os.getpid())}
         env.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
         threads = max(1, (os.cpu_count() or 1) // plan.world_size)
         env.setdefault("OMP_NUM_THREADS", str(threads))
@@ -141,9 +198,15 @@ class SubprocessRunner(TrialRunner):
         return env
 
     def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
-        if self.workdir is not None:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="trial-", dir=self.workdir) as tmp:
+        parent = self.workdir or Path(tempfile.gettempdir())
+        parent.mkdir(parents=True, exist_ok=True)
+        if not self._swept:
+            sweep_trial_folders(parent)
+            self._swept = True
+        key = f"{settings.device}-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}"
+        lock = host_lock(key) if self.one_at_a_time else contextlib.nullcontext()
+        prefix = f"trial-{os.getpid()}-{socket.gethostname()}."
+        with lock, tempfile.TemporaryDirectory(prefix=prefix, dir=parent) as tmp:
             folder = Path(tmp)
             result_path = folder / "result.json"
             spec = WorkerSpec(
@@ -173,9 +236,10 @@ class SubprocessRunner(TrialRunner):
         start = time.monotonic()
         with log.open("wb") as err:
             # stdout goes to the log too: DeepSpeed prints there, and --json owns our stdout.
+            # Through the lifeline: the launch dies with this process even if it is SIGKILLed.
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
-                start_new_session=True,
+                [self.python, "-m", LIFELINE_MODULE, *cmd], stdin=subprocess.DEVNULL,
+                stdout=err, stderr=err, env=env, start_new_session=True,
             )  # fmt: skip
             timed_out = False
             try:

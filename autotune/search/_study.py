@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import socket
 import time
 import warnings
@@ -16,6 +15,11 @@ from typing import Any
 from autotune.records import AutotuneError, Plan
 from autotune.search._records import Role, TrialRecord, TrialState
 from autotune.search._space import SearchSpace
+from autotune.search._storage_errors import (
+    check_sqlite_path,
+    lost_a_race,
+    storage_error,
+)
 
 DEFAULT_STORAGE = "autotune-tune.db"
 HEARTBEAT_S = 10
@@ -23,8 +27,6 @@ HEARTBEAT_S = 10
 _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running"}
 _SQLITE_MAGIC = b"SQLite format 3"
 _POSTGRES = ("postgresql://", "postgres://")
-_RACE = re.compile(r"already exists|duplicate key|UNIQUE constraint|database is locked")
-POSTGRES_HINT = "pip install 'autotune-advisor[postgres]'"
 
 
 def storage_url(storage: str | None) -> str:
@@ -45,13 +47,6 @@ def storage_url(storage: str | None) -> str:
     return f"sqlite:///{Path(value).expanduser().resolve()}"
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one line: SQLAlchemy's own message, without its SQL and links."""
-    inner = getattr(exc, "orig", None) or exc
-    text = " ".join(str(inner).split("\n")[0].split()) or type(inner).__name__
-    return f"{type(inner).__name__}: {text}"[:300]
-
-
 def check_storage(storage: str | None) -> str:
     """The URL of a storage ``autotune tune`` can share, checked before any work.
 
@@ -69,13 +64,8 @@ def check_storage(storage: str | None) -> str:
         import importlib.util
 
         if importlib.util.find_spec("psycopg") is None:
-            raise AutotuneError(f"--storage {url}: no PostgreSQL driver; {POSTGRES_HINT}")
+            raise storage_error(storage or url, ImportError(name="psycopg"))
     return url
-
-
-def creating_race(exc: BaseException) -> bool:
-    """Whether an error is the loss of a race to create the schema (retry), not a failure."""
-    return bool(_RACE.search(str(exc)))
 
 
 def _is_sqlite(path: Path) -> bool:
@@ -100,18 +90,19 @@ def open_study(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = check_storage(storage)
+    check_sqlite_path(url)
     for attempt in range(5):
         try:
             return _create(url, name, seed, heartbeat_s)
         except ImportError as exc:
-            raise AutotuneError(f"--storage {url}: cannot open the study: {exc}") from None
+            raise storage_error(url, exc) from None
         except Exception as exc:  # SQLAlchemy errors have no public base importable lazily
+            if isinstance(exc.__cause__, ImportError):  # Optuna wraps a missing driver
+                raise storage_error(url, exc) from None
             # Workers started together race to create the schema: the loser retries.
             # Anything else (unreachable server, wrong host, bad password) fails at once.
-            if attempt == 4 or not creating_race(exc):
-                raise AutotuneError(
-                    f"--storage {url}: cannot open the study: {one_line(exc)}"
-                ) from None
+            if attempt == 4 or not lost_a_race(exc):
+                raise storage_error(url, exc) from None
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
 
@@ -265,3 +256,24 @@ def store(trial: Any, record: dict[str, Any]) -> None:
     for key, value in record.items():
         if key in _RESULT_KEYS and value is not None:
             trial.set_user_attr(key, json.loads(json.dumps(value)))
+
+
+def give_back(study: Any, trial: Any, why: str) -> bool:
+    """Mark a trial this process is running failed (``why`` as its reason) and queue its
+    plan again, so an interrupted run loses nothing and the next run measures it.
+
+    Returns:
+        ``False`` when the trial had already finished (nothing to give back).
+    """
+    from optuna.trial import TrialState as State
+
+    stored = study._storage.get_trial(trial._trial_id)
+    if stored.state != State.RUNNING:
+        return False
+    study._storage.set_trial_user_attr(trial._trial_id, "reason", f"{why}: queued again")
+    study.tell(trial.number, state=State.FAIL)
+    attrs = stored.user_attrs
+    if "plan" in attrs:
+        requeue = {"plan": attrs["plan"], "role": attrs.get("role", "search")}
+        study.enqueue_trial(dict(stored.params), user_attrs=requeue)
+    return True

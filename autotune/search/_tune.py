@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.records import AutotuneError, Plan
+from autotune.records import AutotuneError, Plan, Terminated, sigterm_unwinds
 from autotune.search import _shared, _study
-from autotune.search._compare import compare, recommendation
+from autotune.search._compare import recommendation
+from autotune.search._final import final_comparison
 from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import TrialRecord, TrialSettings, TuneRecord
 from autotune.search._runner import TrialRunner
@@ -59,6 +61,14 @@ def best_records(records: list[TrialRecord]) -> list[TrialRecord]:
     return ranked
 
 
+def _why_stopped(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted by SIGINT"
+    if isinstance(exc, Terminated):
+        return str(exc)
+    return f"stopped by {type(exc).__name__}: {exc}"
+
+
 class _Search:
     """One worker's ask-run-tell loop over a shared study."""
 
@@ -68,11 +78,19 @@ class _Search:
         self.settings, self.predict = settings, predict
 
     def step(self) -> TrialRecord:
-        """Ask for one plan and decide it: pruned without running, or run and measured."""
+        """Ask for one plan and decide it: pruned without running, or run and measured.
 
-        trial, plan, role = _study.ask(self.study, self.space)
-        with _shared.Heartbeat(self.study, trial):
-            return self._decide(trial, plan)
+        The trial beats its heartbeat while it runs. An exception on the way (an
+        interrupt included) gives the trial back: failed, and its plan queued again.
+        """
+        trial, plan, _role = _study.ask(self.study, self.space)
+        try:
+            with _shared.Heartbeat(self.study, trial):
+                return self._decide(trial, plan)
+        except BaseException as exc:  # SIGINT, SIGTERM (Terminated), a lost storage, a bug
+            with contextlib.suppress(Exception):
+                _study.give_back(self.study, trial, _why_stopped(exc))
+            raise
 
     def _decide(self, trial: Any, plan: Plan) -> TrialRecord:
         from optuna.trial import TrialState as State
@@ -158,6 +176,7 @@ def tune(
     heartbeat_s: int = _study.HEARTBEAT_S,
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
+    finish: bool = False,
 ) -> TuneRecord:
     """Search plans with real short trials and recommend the fastest that fits.
 
@@ -179,12 +198,16 @@ def tune(
         storage: Optuna RDB URL or sqlite path (default ``autotune-tune.db``);
             rerunning resumes the study.
         study_name: the study's name in the storage.
-        repeats: interleaved re-runs of best, baseline and runner-up at the end.
+        repeats: interleaved re-runs of best, baseline and runner-up at the end
+            (0: none, the search's single runs are compared). Run once per study:
+            by the worker that finishes last, read back by every other.
         code_changes: ``plan -> [CodeChange]`` for the recommendation.
         seed: the sampler's seed (``None``: random, so shared-study workers differ).
         heartbeat_s: seconds between a running trial's heartbeats; a trial silent for
             three is lost (its worker killed, on any host), failed and run again.
         progress: called after each trial.
+        finish: start no trial; read the study's final comparison, or run it if no
+            worker is still running trials.
 
     Returns:
         The record of all trials, the final comparison and the recommendation.
@@ -201,6 +224,19 @@ def tune(
     study = _study.open_study(storage, study_name, seed, heartbeat_s)
     notes: list[str] = []
     _shared.recover(study, notes)
+    # SIGTERM unwinds like SIGINT: the running trial is given back, its group killed.
+    with sigterm_unwinds():
+        if not finish:
+            _start(study, space, runner, settings, base_plan, notes)
+            _run_study(_Search(study, space, runner, settings, predict), trials, budget_s,
+                       progress, notes)  # fmt: skip
+        return _finish(study, space, runner, settings, model_file, repeats, code_changes,
+                       notes, storage, study_name, nproc, global_batch)  # fmt: skip
+
+
+def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
+           base_plan: Plan, notes: list[str]) -> None:  # fmt: skip
+    """Queue the policy's plan and the baseline, and pay launcher start-up once."""
     policy_plan = _fit_micro_batch(space, space.base)
     if policy_plan == base_plan:
         _study.enqueue(study, space, base_plan, "baseline")
@@ -213,9 +249,6 @@ def tune(
     warm = runner.warm_up(shapes, settings)
     if warm:
         notes.append(f"launcher start-up paid once before the study: {warm:.1f} s (not trial time)")
-    _run_study(_Search(study, space, runner, settings, predict), trials, budget_s, progress, notes)
-    return _finish(study, space, runner, settings, model_file, base_plan, repeats,
-                   code_changes, notes, storage, study_name, nproc, global_batch)  # fmt: skip
 
 
 def _run_study(search: _Search, trials: int, budget_s: float | None,
@@ -252,14 +285,17 @@ def _done(search: _Search, trials: int) -> bool:
         return False
     existing = _study.records(search.study)
     measured = sum(1 for r in existing if r.outcome is not None or r.state == "running")
+    # A trial failed without an outcome was given back (interrupted, killed): not decided.
     decided = {
-        r.plan.model_dump_json() for r in existing if r.state in ("complete", "pruned", "failed")
+        r.plan.model_dump_json()
+        for r in existing
+        if r.state in ("complete", "pruned") or (r.state == "failed" and r.outcome)
     }
     return measured >= trials or len(decided) >= search.space.size()
 
 
 def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
-            model_file: str, base_plan: Plan, repeats: int,
+            model_file: str, repeats: int,
             code_changes: Callable[[Plan], list[Any]] | None, notes: list[str],
             storage: str | None, study_name: str, nproc: int, global_batch: int) -> TuneRecord:  # fmt: skip
     records = _study.records(study)
@@ -267,7 +303,7 @@ def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: Trial
     baseline = next((r for r in records if r.role == "baseline" and r.outcome == "ok"), None)
     if baseline is None:
         notes.append("the baseline did not run to completion: no speedup is reported")
-    comparison = compare(runner, settings, ranked, baseline, repeats) if ranked else None
+    comparison = final_comparison(study, ranked, baseline, runner, settings, repeats, notes)
     rec = recommendation(ranked, comparison, model_file, code_changes, notes)
     tokens = any(r.tokens_per_s is not None for r in ranked)
     return TuneRecord(

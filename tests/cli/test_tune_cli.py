@@ -24,7 +24,7 @@ from autotune.cli import app
         ),
         (
             ["{model}", "--global-batch", "4", "--out-dir", "nowhere"],
-            "--out-dir nowhere: no such directory",
+            "--out-dir nowhere: directory nowhere does not exist",
         ),
         (["{model}", "--global-batch", "4", "--baseline", "mb=x"], "--baseline"),
         (["{model}", "--global-batch", "4", "--device-memory", "lots"], "--device-memory"),
@@ -47,7 +47,7 @@ def test_tune_end_to_end_writes_recommendation_and_ds_config(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     cmd = [
         str(Path(sys.executable).with_name("autotune")), "tune", str(examples_dir / "mlp_dataloader.py"),
-        "--global-batch", "8", "--trials", "2", "--repeats", "0", "--steps", "1", "--warmup", "0",
+        "--global-batch", "8", "--trials", "2", "--repeats", "1", "--steps", "1", "--warmup", "0",
         "--device", "cpu", "--out-dir", str(tmp_path), "--storage", str(tmp_path / "t.db"), "--json",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
@@ -62,3 +62,13 @@ def test_tune_end_to_end_writes_recommendation_and_ds_config(
     plan = rec["plan"]
     assert config["train_batch_size"] == 8
     assert config["train_micro_batch_size_per_gpu"] == plan["micro_batch"]
+    # --finish starts no trial and reads the study's one final comparison back.
+    (tmp_path / "recommendation.json").unlink()
+    done = subprocess.run([*cmd, "--finish"], capture_output=True, text=True, env=env, timeout=400,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads(done.stdout)
+    assert again["comparison"] == record["comparison"]
+    assert any("read from the study" in note for note in again["notes"])
+    assert [t["number"] for t in again["trials"]] == [t["number"] for t in record["trials"]]
+    assert json.loads((tmp_path / "recommendation.json").read_text())["plan"] == rec["plan"]

@@ -57,15 +57,23 @@ def test_rejects_bf16_autocast_on_this_cpu(examples_dir: Path, tmp_path: Path) -
 
 
 def test_zero_changes_are_logged_as_not_confirmable(examples_dir: Path, tmp_path: Path) -> None:
+    # A GPU profile (offload frees device memory only there) whose states do not fit, with
+    # the lossless-speed rules off so that the first change is the DeepSpeed one.
     profile = write_record(
         tmp_path / "p.json",
-        synthetic_profile(device="cpu", bf16_ratio=0.15, parameters=7_000_000_000),
+        synthetic_profile(device="cuda", bf16_ratio=0.15, parameters=7_000_000_000),
+    )
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        'extends = "default"\ndisable = ["input_bound", "mixed_precision", '
+        '"mixed_precision_for_memory", "fp16_loss_scaling", "flash_attention", '
+        '"sdpa_attention", "compile", "activation_checkpointing"]\n'
     )
     out = tmp_path / "session.json"
     args = [
         "confirm", str(examples_dir / "mlp_dataloader.py"), "--batch-size", "8",
         "--profile", str(profile), "--device-memory", "80GB", "--max-changes", "1",
-        "--output", str(out), "--json",
+        "--policy", str(policy), "--output", str(out), "--json",
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

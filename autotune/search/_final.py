@@ -1,0 +1,128 @@
+"""One final comparison per study: which worker runs it, and where its result is kept.
+
+Workers sharing a study each end their search loop on their own. The comparison
+(best, baseline and runner-up re-run interleaved) is run by the worker that finds no
+trial of the study still running, after claiming it; the result goes into the study's
+user attributes, keyed by the trials it compared, and every later call (another
+worker, a rerun, ``autotune tune --finish``) reads it instead of measuring again.
+
+The claim is atomic in every Optuna RDB storage: it is the creation of a marker
+study, ``<study>:final-comparison:<key>``, whose name the storage keeps unique, so of
+two workers claiming at once exactly one succeeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from autotune.search._compare import compare, entries
+from autotune.search._records import Comparison, TrialRecord, TrialSettings
+from autotune.search._runner import TrialRunner, pid_alive
+
+ATTR = "final_comparison"
+"""The study user attribute holding ``{key, comparison, by}``."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A comparison read back from the study, and who ran it."""
+
+    comparison: Comparison
+    by: str
+
+
+def comparison_key(ranked: list[TrialRecord], baseline: TrialRecord | None, repeats: int) -> str:
+    """What the comparison depends on: the plans it re-runs, in their roles, and the repeats.
+
+    A trial that finishes after the comparison was claimed changes the key only if it
+    changes what would be compared (a new best or runner-up): then a new comparison is due.
+    """
+    chosen = [
+        (label, record.plan.model_dump(mode="json")) for label, record in entries(ranked, baseline)
+    ]
+    digest = hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{digest}-{repeats}r"
+
+
+def marker_name(study_name: str, key: str) -> str:
+    """The marker study whose creation claims the comparison for ``key``."""
+    return f"{study_name}:final-comparison:{key}"
+
+
+def read(study: Any, key: str) -> Stored | None:
+    """The stored comparison for ``key`` (``None``: none yet, or one for other trials)."""
+    saved = study.user_attrs.get(ATTR)
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return None
+    try:
+        return Stored(Comparison.model_validate(saved["comparison"]), str(saved.get("by", "?")))
+    except (KeyError, ValidationError):
+        return None
+
+
+def write(study: Any, key: str, comparison: Comparison) -> None:
+    """Keep the comparison in the study for every other worker and rerun."""
+    by = f"{socket.gethostname()}:{os.getpid()}"
+    study.set_user_attr(ATTR, {"key": key, "comparison": comparison.model_dump(mode="json"),
+                               "by": by})  # fmt: skip
+
+
+def claim(study: Any, key: str) -> bool:
+    """Claim the comparison for ``key``: ``True`` for exactly one caller per key."""
+    import optuna
+
+    try:
+        optuna.create_study(storage=study._storage, study_name=marker_name(study.study_name, key))
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
+
+
+def still_running(study: Any) -> list[int]:
+    """Trials of other workers still running (on this host: only those whose process lives)."""
+    from optuna.trial import TrialState as State
+
+    host, mine, busy = socket.gethostname(), os.getpid(), []
+    for trial in study.get_trials(deepcopy=False, states=(State.RUNNING,)):
+        attrs = trial.user_attrs
+        pid = int(attrs.get("pid", -1))
+        if attrs.get("host") == host and (pid == mine or not pid_alive(pid)):
+            continue
+        busy.append(trial.number)
+    return busy
+
+
+def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecord | None,
+                     runner: TrialRunner, settings: TrialSettings, repeats: int,
+                     notes: list[str]) -> Comparison | None:  # fmt: skip
+    """The study's final comparison: read back, run here once, or left to the last worker.
+
+    Returns ``None`` (with a note saying why) when another worker still runs trials
+    or has claimed the comparison; ``autotune tune --finish`` reads it later.
+    """
+    if not ranked:
+        return None
+    key = comparison_key(ranked, baseline, repeats)
+    stored = read(study, key)
+    if stored is not None:
+        notes.append(f"final comparison read from the study (run once, by {stored.by})")
+        return stored.comparison
+    busy = still_running(study)
+    if busy:
+        shown = ", ".join(map(str, busy))
+        notes.append(f"trial(s) {shown} still running on other workers: the worker that "
+                     "finishes last runs the final comparison; --finish reads it")  # fmt: skip
+        return None
+    if not claim(study, key):
+        notes.append("another worker is running the final comparison: --finish reads it")
+        return None
+    comparison = compare(runner, settings, ranked, baseline, repeats)
+    write(study, key, comparison)
+    return comparison

@@ -1,0 +1,245 @@
+"""Reliability of `autotune tune` under injected faults: what each leaves behind, what the study keeps.
+
+Usage: OMP_NUM_THREADS=1 python bench/reliability.py [--only NAME ...]
+
+Each fault runs a real `autotune tune` (tiny model, 1-step trials, one saved profile) in a
+fresh folder with its own $TMPDIR and sqlite study, and fires once:
+
+- kill -9 of tune / SIGINT of tune: a trial worker hangs, the driver signals tune; then the
+  same command is run again (resume).
+- kill -9 of a rank: a two-rank trial; rank 1 hangs and the driver SIGKILLs it.
+- hang / OOM / crash on import: inside one trial worker (timeout / torch.OutOfMemoryError /
+  an exception at import); the run goes on.
+
+Measured, per fault, by psutil and by the study read back with Optuna: processes that
+tune started and that are still alive 2 s after the faulted run ended; `trial-*` folders
+left after it and after the next run; trials lost (a plan whose trial was stopped or left
+RUNNING and never decided afterwards); trials duplicated (a plan measured twice); and
+whether every plan started was decided (measured, or pruned with a reason) exactly once
+and a recommendation written.
+Prints a markdown table for bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+MODEL = '''
+import os, time
+import torch
+from torch import nn
+
+FAULT, FLAG = os.environ.get("FAULT", ""), os.environ.get("FAULT_FLAG", "")
+
+
+def _fire(rank="0"):
+    """True in exactly one trial process (tune's own profile has no RANK): the flag goes."""
+    if not FLAG or os.environ.get("RANK") != rank:
+        return False
+    try:
+        os.remove(FLAG)
+    except FileNotFoundError:
+        return False
+    with open(FLAG + ".pid", "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+if FAULT == "crash" and _fire():
+    raise ImportError("injected crash on import")
+
+
+def build_model():
+    if FAULT in ("hang", "kill-tune", "sigint") and _fire():
+        time.sleep(600)
+    if FAULT == "kill-rank" and _fire(rank="1"):
+        time.sleep(600)
+    if FAULT == "oom" and _fire():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def build_batch(batch_size):
+    return torch.randn(batch_size, 32), torch.randn(batch_size, 1)
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+'''
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    how: str
+    nproc: int = 1
+    trials: int = 3
+    signal: int | None = None  # sent to tune once the fault fired
+    kill_rank: bool = False
+    timeout_s: int = 90  # two-rank DeepSpeed trials take ~10-30 s on a loaded 2-core machine
+
+
+FAULTS = [
+    Fault("kill-tune", "SIGKILL to `autotune tune` while a trial runs", signal=signal.SIGKILL),
+    Fault("kill-rank", "SIGKILL to rank 1 of a 2-rank trial", nproc=2, trials=2, kill_rank=True),
+    Fault("sigint", "SIGINT to `autotune tune` while a trial runs", signal=signal.SIGINT),
+    Fault("hang", "a trial sleeps in build_model (--trial-timeout 20)", timeout_s=20),
+    Fault("oom", "torch.OutOfMemoryError in build_model"),
+    Fault("crash", "an exception when the model file is imported"),
+]
+
+
+class Watch:
+    """Every process descended from ``root`` while it ran (ranks sit in sessions of their own)."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.seen = root, set[int]()
+
+    def poll(self) -> None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self.seen.update(p.pid for p in psutil.Process(self.root).children(recursive=True))
+
+    def alive(self) -> list[int]:
+        """The survivors, counted, then killed (the bench leaves nothing behind either)."""
+        left = []
+        for pid in self.seen:
+            try:
+                process = psutil.Process(pid)
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+                    process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        return left
+
+
+def _command(folder: Path, profile: Path, fault: Fault) -> list[str]:
+    return [AUTOTUNE, "tune", str(folder / "model.py"), "--global-batch", "4",
+            "--nproc", str(fault.nproc), "--trials", str(fault.trials), "--repeats", "1",
+            "--steps", "1", "--warmup", "0", "--device", "cpu", "--profile", str(profile),
+            "--storage", str(folder / "study.db"), "--study", "bench", "--out-dir", str(folder),
+            "--trial-timeout", str(fault.timeout_s), "--json"]  # fmt: skip
+
+
+def _env(folder: Path, fault: Fault, armed: bool) -> dict[str, str]:
+    return {**os.environ, "TMPDIR": str(folder / "tmp"), "OMP_NUM_THREADS": "1",
+            "DS_ACCELERATOR": "cpu", "FAULT": fault.name if armed else "",
+            "FAULT_FLAG": str(folder / "fault.flag")}  # fmt: skip
+
+
+def _run(folder: Path, profile: Path, fault: Fault, armed: bool) -> tuple[int, list[int]]:
+    """One tune run, the fault armed or not; its exit status and the processes it left."""
+    if armed:
+        (folder / "fault.flag").write_text("armed")
+    proc = subprocess.Popen(_command(folder, profile, fault), env=_env(folder, fault, armed),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    watch, fired = Watch(proc.pid), Path(f"{folder / 'fault.flag'}.pid")
+    sent = False
+    while proc.poll() is None:
+        watch.poll()
+        if armed and not sent and fired.exists() and fired.read_text():
+            time.sleep(0.5)  # let the hang settle in
+            watch.poll()
+            target = int(fired.read_text()) if fault.kill_rank else proc.pid
+            if fault.signal is not None or fault.kill_rank:
+                os.kill(target, fault.signal or signal.SIGKILL)
+            sent = True
+        time.sleep(0.1)
+    _, err = proc.communicate()
+    if proc.returncode not in (0, 130, -9) and err:
+        sys.stderr.write(err[-2000:])
+    time.sleep(2.0)
+    return proc.returncode, watch.alive()
+
+
+def _study(folder: Path) -> dict[str, object]:
+    """The study read back by Optuna: what was measured, decided, lost or measured twice."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{folder / 'study.db'}"
+    trials = optuna.load_study(study_name="bench", storage=storage).get_trials()
+    plan = lambda t: json.dumps(t.user_attrs.get("plan"), sort_keys=True)  # noqa: E731
+    measured = [t for t in trials if t.user_attrs.get("outcome")]
+    # Decided: measured, or pruned with a reason (predicted misfit, OOM lesson, same plan).
+    decided = {plan(t) for t in measured} | {
+        plan(t) for t in trials if t.state.name == "PRUNED" and t.user_attrs.get("reason")
+    }
+    stopped = [t for t in trials if t.state.name == "FAIL" and not t.user_attrs.get("outcome")]
+    running = [t for t in trials if t.state.name == "RUNNING"]
+    started = {plan(t) for t in trials if t.state.name != "WAITING" and "plan" in t.user_attrs}
+    outcomes = sorted({t.user_attrs["outcome"] for t in measured} - {"ok"})
+    return {"lost": len({plan(t) for t in stopped + running} - decided) + len(running),
+            "undecided": len(started - decided),
+            "duplicated": len(measured) - len({plan(t) for t in measured}),
+            "recorded": outcomes + sorted({str(t.user_attrs.get("reason")) for t in stopped})}  # fmt: skip
+
+
+def _folders(folder: Path) -> int:
+    return len(list((folder / "tmp").glob("trial-*")))
+
+
+def run_fault(fault: Fault, root: Path, profile: Path) -> dict[str, object]:
+    folder = root / fault.name
+    (folder / "tmp").mkdir(parents=True)
+    (folder / "model.py").write_text(MODEL)
+    code, left = _run(folder, profile, fault, armed=True)
+    folders_after = _folders(folder)
+    resumed, code_again = fault.signal is not None, code
+    if resumed:  # the same command again, nothing armed
+        code_again, left_again = _run(folder, profile, fault, armed=False)
+        left += left_again
+    study = _study(folder)
+    final_ok = (code_again if resumed else code) == 0
+    rec = (folder / "recommendation.json").exists()
+    whole = final_ok and rec and study["undecided"] == 0 and study["duplicated"] == 0
+    return {"fault": fault.name, "how": fault.how, "exit": code, "left": len(left),
+            "folders": f"{folders_after} / {_folders(folder)}" if resumed else str(folders_after),
+            "lost": study["lost"], "duplicated": study["duplicated"],
+            "recorded": "; ".join(study["recorded"]) or "–", "ok": "yes" if whole else "no"}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", nargs="*", default=None, help="fault names to run")
+    args = parser.parse_args()
+    faults = [f for f in FAULTS if args.only is None or f.name in args.only]
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="autotune-reliability-") as tmp:
+        root = Path(tmp)
+        (root / "model.py").write_text(MODEL)
+        profile = root / "profile.json"
+        subprocess.run([AUTOTUNE, "profile", str(root / "model.py"), "-b", "2", "--steps", "1",
+                        "--warmup", "1", "--device", "cpu", "--out", str(profile)],
+                       check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        rows = []
+        for fault in faults:
+            sys.stderr.write(f"{fault.name} ...\n")
+            rows.append(run_fault(fault, root, profile))
+    print("| fault | injected | exit of the faulted run | processes left after 2 s | "
+          "`trial-*` folders left (after it / after the next run) | trials lost | "
+          "trials duplicated | faulty trial recorded as | every started plan decided once, "
+          "recommendation written |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['fault']} | {r['how']} | {r['exit']} | {r['left']} | {r['folders']} | "
+              f"{r['lost']} | {r['duplicated']} | {r['recorded']} | {r['ok']} |")  # fmt: skip
+    print(f"\n{len(rows)} faults in {time.monotonic() - start:.0f} s.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""One final comparison per study: two workers sharing a study run it once between them,
+reruns and ``finish=True`` read it back, and a worker still running trials holds it off.
+The study is read back by Optuna itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import optuna
+
+from autotune.records import Plan
+from autotune.search import FakeRunner, TrialResult, TrialSettings, tune
+from autotune.search._final import ATTR, claim
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    from autotune.records import Plan
+    from autotune.search import FakeRunner, TrialResult, TrialSettings, tune
+
+    storage = sys.argv[1]
+
+    def behaviour(plan, settings):
+        speed = 10.0 + plan.micro_batch - plan.checkpoint_blocks
+        return TrialResult(completed_steps=2, samples_per_s=speed, peak_memory_bytes=[1])
+
+    runner = FakeRunner(behaviour, delay_s=0.3)
+    record = tune("m.py", global_batch=4, settings=TrialSettings(model_file="m.py", timeout_s=5),
+                  runner=runner, blocks=1, baseline=Plan(micro_batch=1, grad_accum=4), trials=6,
+                  storage=storage, repeats=2)
+    mine = [t for t in record.trials if t.outcome is not None]
+    print(json.dumps({"launches": len(runner.plans),
+                      "comparison": record.comparison.model_dump(mode="json") if record.comparison else None,
+                      "notes": record.notes}))
+    """
+)
+
+
+def behaviour(plan: Plan, settings: TrialSettings) -> TrialResult:
+    speed = 10.0 + plan.micro_batch - plan.checkpoint_blocks
+    return TrialResult(completed_steps=2, samples_per_s=speed, peak_memory_bytes=[1])
+
+
+def _search_launches(storage: Path, pid: int) -> int:
+    trials = optuna.load_study(study_name="autotune", storage=f"sqlite:///{storage}").get_trials()
+    return sum(1 for t in trials if t.user_attrs.get("pid") == pid and t.user_attrs.get("outcome"))
+
+
+def test_two_workers_run_the_final_comparison_once(tmp_path: Path) -> None:
+    # Six plans (micro-batch 1, 2, 4 x 0 or 1 checkpointed blocks), six trials: neither
+    # worker can start a trial after the other has found the study complete.
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    storage = tmp_path / "shared.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(storage)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]  # fmt: skip
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
+    results = [json.loads(out) for out, _ in outputs]
+    # Launches beyond a worker's own search trials are comparison runs.
+    extra = [
+        r["launches"] - _search_launches(storage, p.pid)
+        for r, p in zip(results, procs, strict=True)
+    ]
+    ran = [i for i, n in enumerate(extra) if n > 0]
+    assert len(ran) == 1, f"comparison runs per worker: {extra}"
+    compared = results[ran[0]]["comparison"]
+    assert compared is not None and extra[ran[0]] == compared["repeats"] * len(compared["labels"])
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{storage}")
+    assert study.user_attrs[ATTR]["comparison"] == compared
+    other = results[1 - ran[0]]
+    # The other worker read the stored result, or left it to the one still running.
+    assert other["comparison"] in (compared, None)
+    if other["comparison"] is None:
+        assert any("--finish" in note for note in other["notes"])
+    # finish=True (`autotune tune --finish`) reads it back without measuring anything.
+    runner = FakeRunner(behaviour)
+    record = tune("m.py", global_batch=4, settings=TrialSettings(model_file="m.py", timeout_s=5),
+                  runner=runner, blocks=1, baseline=Plan(micro_batch=1, grad_accum=4), trials=6,
+                  storage=str(storage), repeats=2, finish=True)  # fmt: skip
+    assert runner.plans == []
+    assert record.comparison is not None
+    assert record.comparison.model_dump(mode="json") == compared
+    assert record.recommendation is not None
+
+
+def test_a_rerun_reads_the_comparison_instead_of_measuring_again(tmp_path: Path) -> None:
+    options = {"global_batch": 8, "settings": TrialSettings(model_file="m.py", timeout_s=5),
+               "blocks": 1, "trials": 4, "storage": str(tmp_path / "s.db"), "repeats": 2}  # fmt: skip
+    first = tune("m.py", runner=FakeRunner(behaviour), **options)  # type: ignore[arg-type]
+    again = FakeRunner(behaviour)
+    second = tune("m.py", runner=again, **options)  # type: ignore[arg-type]
+    assert again.plans == [], "a finished study was measured again"
+    assert second.comparison == first.comparison
+    assert any("read from the study" in note for note in second.notes)
+    # More trials make another comparison (of the larger set).
+    more = FakeRunner(behaviour)
+    third = tune("m.py", runner=more, **{**options, "trials": 6})  # type: ignore[arg-type]
+    assert third.comparison is not None and len(more.plans) > 2
+
+
+def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path) -> None:
+    storage = str(tmp_path / "s.db")
+    options = {"global_batch": 8, "settings": TrialSettings(model_file="m.py", timeout_s=5),
+               "blocks": 1, "trials": 2, "storage": storage, "repeats": 1}  # fmt: skip
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{storage}", study_name="autotune",
+                                direction="maximize")  # fmt: skip
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        running = study.ask()  # a trial of another live worker on this host
+        running.set_user_attr("host", socket.gethostname())
+        running.set_user_attr("pid", sleeper.pid)
+        runner = FakeRunner(behaviour)
+        record = tune("m.py", runner=runner, **options)  # type: ignore[arg-type]
+        assert len(runner.plans) == 2, "the search ran; the comparison did not"
+        assert record.comparison is None and record.recommendation is None
+        assert any(f"trial(s) {running.number} still running" in n for n in record.notes)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # That worker gone, --finish runs the comparison.
+    runner = FakeRunner(behaviour)
+    record = tune("m.py", runner=runner, finish=True, **options)  # type: ignore[arg-type]
+    assert record.comparison is not None and record.recommendation is not None
+    assert len(runner.plans) == record.comparison.repeats * len(record.comparison.labels)
+
+
+def test_the_claim_goes_to_exactly_one_caller_per_key(tmp_path: Path) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    assert claim(study, "4t-3r") is True
+    assert claim(study, "4t-3r") is False
+    assert claim(study, "5t-3r") is True
