@@ -89,7 +89,7 @@ def rank_main(plans_path: str, out_path: str) -> None:
             # Everything alive now is the engine's state (flat buffers and partitions are
             # not all reachable from the model or the optimizer): all of it counts as present.
             keep = {
-                obj.untyped_storage().data_ptr()
+                obj.untyped_storage().data_ptr(): obj.untyped_storage().nbytes()
                 for obj in gc.get_objects()
                 if isinstance(obj, torch.Tensor) and obj.device.type == "cpu"
             }

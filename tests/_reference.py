@@ -44,22 +44,36 @@ class Reference:
     at_peak: dict[str, int]
 
 
-def _state_pointers(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
-    """The storages from before the step that count: the training state (not a data set)."""
+def _state_pointers(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, int]:
+    """The storages from before the step that count, with their bytes: the training state
+    (not a data set)."""
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [p.grad for p in model.parameters() if p.grad is not None]
     for state in optimizer.state.values():
         tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    return {t.untyped_storage().data_ptr() for t in tensors}
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
 
 
-def _peak(prof: Any, keep: set[int]) -> Reference:
+def _peak(prof: Any, keep: set[int] | dict[int, int]) -> Reference:
+    """The peak of the profiled window, counting of the storages from before it only ``keep``.
+
+    ``keep`` may map each kept storage's data pointer to its bytes: a storage no op touches
+    in the window never appears in torch's timeline (an idle buffer from an earlier step),
+    yet it occupies memory throughout, so it is added as ``untouched``.
+    """
     memory = prof._memory_profile()
     events, categories = memory.timeline, memory._categories
     cpu = torch.device("cpu")
-    live = dict.fromkeys(CATEGORY_NAMES.values(), 0)
+    live = dict.fromkeys([*CATEGORY_NAMES.values(), "untouched"], 0)
     dropped: set[Any] = set()
-    total = peak = 0
+    seen = {
+        key.storage.ptr for _, _, (key, _), _ in events if isinstance(key, TensorKey)
+    }
+    untouched = sum(size for ptr, size in keep.items() if ptr not in seen) if isinstance(
+        keep, dict
+    ) else 0
+    live["untouched"] = untouched
+    total = peak = untouched
     at_peak = dict(live)
 
     def name(key: Any, version: int) -> str:
