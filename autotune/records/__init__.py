@@ -43,10 +43,12 @@ from autotune.records._profile import (
     Throughput,
 )
 from autotune.records._recommendation import CodeChange, MeasuredPlan, Recommendation
+from autotune.records._stats import COVERAGE, median_interval, relative_half_width
 from autotune.records._units import format_bytes, format_count, parse_bytes, parse_count
 
 __all__ = [
     "AUTOCAST_PLAN_PRECISION",
+    "COVERAGE",
     "ActivationFit",
     "AtPeak",
     "Attention",
@@ -78,11 +80,13 @@ __all__ = [
     "format_bytes",
     "format_count",
     "format_plan",
+    "median_interval",
     "parse_bytes",
     "parse_count",
     "parse_plan",
     "read_json",
     "read_record",
+    "relative_half_width",
     "validate_record",
     "write_record",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from autotune.records import read_record, write_record
+from autotune.records import median_interval, read_record, relative_half_width, write_record
 from autotune.search import StepSplit, TrialResult, WorkerSpec
 
 
@@ -67,6 +67,25 @@ class MemoryWatch:
         self._stop.set()
 
 
+_LOADED: dict[tuple[str, int, int], Any] = {}
+
+
+def load_cached(path: str) -> Any:
+    """The model file, imported once per process and version of the file.
+
+    A worker that runs many trials must not import the file again per trial: each import
+    is a new module with its own globals, which a fresh worker would hold only once.
+    """
+    from autotune.runtime.modelfile import load_model_file
+
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = load_model_file(path)
+    return _LOADED[key]
+
+
 def _rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -101,7 +120,9 @@ def _live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object])
 
 
 class _Steps:
-    """The common step loop: warm-up, measured steps, a progress result after step one."""
+    """The common step loop: warm-up, measured steps until the median is known, a progress
+    result after step one, and when the first step began (the end of the trial's fixed cost).
+    """
 
     def __init__(
         self, spec: WorkerSpec, write: Callable[[TrialResult], None], watch: MemoryWatch
@@ -111,26 +132,65 @@ class _Steps:
         self.write = write
         self.times: list[float] = []
         self.losses: list[float] = []
+        self.first_step_at: float | None = None
+        self.steps_s: float | None = None
 
     def run(self, step: Callable[[], tuple[float, float]]) -> None:
         settings = self.spec.settings
-        for index in range(settings.warmup + settings.steps):
+        self.first_step_at = time.time()
+        start = time.perf_counter()
+        measure_start = start
+        index = 0
+        while True:
             seconds, loss = step()
             self.losses.append(loss)
-            if index >= settings.warmup:
-                self.times.append(seconds)
             if index == 0:
                 # Marks the launch as started: a later failure is the plan's, not the port's.
                 self.write(TrialResult(completed_steps=1, loss_first=loss))
+            index += 1
+            if index <= settings.warmup:
+                measure_start = time.perf_counter()
+                continue
+            self.times.append(seconds)
+            if _agree(self._enough(time.perf_counter() - measure_start)):
+                break
+        self.steps_s = time.perf_counter() - start
+
+    def _enough(self, measuring_s: float) -> bool:
+        """Fixed count without a width; else until the median is known or a cap is hit."""
+        settings, count = self.spec.settings, len(self.times)
+        if settings.interval_width is None:
+            return count >= settings.steps
+        if count >= settings.max_steps or measuring_s >= settings.max_measure_s:
+            return True
+        width = relative_half_width(self.times)
+        return count >= settings.steps and width is not None and width <= settings.interval_width
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The median step time's interval (``None`` before any measured step)."""
+        return median_interval(self.times) if self.times else None
+
+
+def _agree(done: bool) -> bool:
+    """Rank 0's decision for every rank: ranks that stop at different steps would deadlock."""
+    if _rank()[1] == 1:
+        return done
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return done
+    decision = [done]
+    dist.broadcast_object_list(decision, src=0)  # works over gloo and NCCL alike
+    return bool(decision[0])
 
 
 def _torch_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     from autotune.runtime.memory import optimizer_state_tensors
-    from autotune.runtime.modelfile import load_model_file
     from autotune.runtime.step import runner_for_plan
 
     plan = spec.plan
-    model_file = load_model_file(spec.settings.model_file)
+    model_file = load_cached(spec.settings.model_file)
     steps.watch.rebase()
     runner = runner_for_plan(model_file, plan, device=spec.settings.device, seed=spec.settings.seed)
     timings = []
@@ -212,10 +272,9 @@ def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     from autotune.emit import emit_deepspeed_config
     from autotune.runtime.blocks import apply_checkpointing
     from autotune.runtime.device import synchronize
-    from autotune.runtime.modelfile import load_model_file
 
     plan = spec.plan
-    model_file = load_model_file(spec.settings.model_file)
+    model_file = load_cached(spec.settings.model_file)
     steps.watch.rebase()
     torch.manual_seed(spec.settings.seed)
     model = model_file.build_model()
@@ -259,16 +318,58 @@ def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
     # the optimizer, so everything alive on the device counts as present at the start.
     live = _live_peak(engine.device, _tensors_on(engine.device), step)
     tokens = model_file.tokens_per_sample(last[0])
-    return {"split": None, "tokens": tokens, "device": engine.device, "engine": "deepspeed",
+    device = engine.device
+    batches.close()
+    _forget(engine, model)
+    return {"split": None, "tokens": tokens, "device": device, "engine": "deepspeed",
             "live": live, "cuda": cuda_peak}  # fmt: skip
 
 
+def _forget(engine: Any, model: Any) -> None:
+    """Drop every reference DeepSpeed keeps to a finished engine, so a worker that runs
+    the next trial holds none of this one's tensors (its peak would count them).
+    """
+    with contextlib.suppress(Exception):
+        engine.destroy()  # hooks, ZeRO partitions
+    # ZeRO-3 puts the top module on a module-level stack it never pops (DeepSpeed 0.19).
+    from deepspeed.runtime.zero import parameter_offload
+
+    stack = getattr(parameter_offload, "FWD_MODULE_STACK", None)
+    if isinstance(stack, list):
+        stack[:] = [module for module in stack if module is not model]
+    # ... and caches a method per coordinator instance in a class-level lru_cache.
+    from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
+
+    for value in vars(coordinator.PartitionedParameterCoordinator).values():
+        _clear_caches(value)
+
+
+def _clear_caches(fn: Any, depth: int = 3) -> None:
+    """``cache_clear()`` every lru_cache inside ``fn``'s wrappers (``__wrapped__`` or closures)."""
+    if depth < 0 or fn is None:
+        return
+    clear = getattr(fn, "cache_clear", None)
+    if callable(clear):
+        clear()
+    inner = [getattr(fn, "__wrapped__", None)]
+    inner += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
+              if callable(getattr(cell, "cell_contents", None))]  # fmt: skip
+    for wrapped in inner:
+        _clear_caches(wrapped, depth - 1)
+
+
 def _warm_launcher(spec: WorkerSpec) -> TrialResult:
-    """Start DeepSpeed once on a throw-away model: compiles and caches its comm op."""
-    import deepspeed
+    """Start DeepSpeed once on a throw-away model: compiles and caches its comm op.
+
+    A plan that needs no DeepSpeed only imports torch (a live worker keeps it imported).
+    """
     import torch
 
     world = _rank()[1]
+    if not (spec.plan.uses_deepspeed or world > 1):
+        return TrialResult(engine="none")
+    import deepspeed
+
     model = torch.nn.Linear(4, 4)
     config = {
         "train_batch_size": world,
@@ -276,7 +377,8 @@ def _warm_launcher(spec: WorkerSpec) -> TrialResult:
         "zero_allow_untested_optimizer": True,
     }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    _forget(engine, model)
     return TrialResult(engine="deepspeed")
 
 
@@ -302,12 +404,18 @@ def _peaks(info: dict[str, Any], watch: MemoryWatch) -> dict[str, Any]:
 
 
 def run_trial(
-    spec: WorkerSpec, watch: MemoryWatch, write: Callable[[TrialResult], None]
-) -> TrialResult:
-    """Run the spec's plan (plain torch, or a DeepSpeed engine) and measure it."""
+    spec: WorkerSpec, watch: MemoryWatch, write: Callable[[TrialResult], None],
+    *, reused: bool = False,
+) -> TrialResult:  # fmt: skip
+    """Run the spec's plan (plain torch, or a DeepSpeed engine) and measure it.
+
+    ``reused``: this process ran a trial before (its peaks are reset first).
+    """
     plan, settings = spec.plan, spec.settings
     if spec.warmup_only:
         return _warm_launcher(spec)
+    _reset_device_peaks()
+    watch.limit = settings.memory_guard
     steps = _Steps(spec, write, watch)
     use_deepspeed = plan.uses_deepspeed or _rank()[1] > 1
     info = (_deepspeed_trial if use_deepspeed else _torch_trial)(spec, steps)
@@ -321,13 +429,25 @@ def run_trial(
         tokens_per_s=samples * tokens if tokens else None,
         step_time=step_time,
         step_times=steps.times,
+        step_interval=steps.interval,
         split=info["split"],
         **peaks,
         device_memory=settings.device_memory,
         loss_first=steps.losses[0],
         loss_last=steps.losses[-1],
         engine=info["engine"],
+        first_step_at=steps.first_step_at,
+        steps_s=steps.steps_s,
+        reused=reused,
     )
+
+
+def _reset_device_peaks() -> None:
+    """A worker reused from an earlier trial starts its CUDA peak from here."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _iter_lines(exc: BaseException) -> Iterator[str]:

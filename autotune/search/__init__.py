@@ -14,6 +14,7 @@ from autotune.search._compare import (
     recommendation,
 )
 from autotune.search._outcome import classify_outcome, outcome_reason, over_budget
+from autotune.search._pool import SERVER_MODULE, PoolRunner, done_path, request_path, stop_path
 from autotune.search._records import (
     Comparison,
     Outcome,
@@ -73,10 +74,12 @@ __all__ = [
     "Outcome",
     "Predict",
     "Prediction",
+    "PoolRunner",
     "Progress",
     "Role",
     "Round",
     "RunReport",
+    "SERVER_MODULE",
     "SearchSpace",
     "StepSplit",
     "SubprocessRunner",
@@ -94,6 +97,7 @@ __all__ = [
     "classify_outcome",
     "compare",
     "distributions",
+    "done_path",
     "divisors",
     "enqueue",
     "free_port",
@@ -107,8 +111,10 @@ __all__ = [
     "recommendation",
     "records",
     "recover_stale",
+    "request_path",
     "same_but_micro_batch",
     "storage_url",
+    "stop_path",
     "store",
     "to_record",
     "tune",
