@@ -7,6 +7,7 @@ Runtime modules are imported inside the functions, so ``autotune config`` and
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -15,7 +16,7 @@ from typing import Any
 
 from autotune.confirm import ConfirmRecord, confirm_changes
 from autotune.emit import Config, code_changes_for, emit_deepspeed_config
-from autotune.estimator import estimate_plan, facts_from_profile
+from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
 from autotune.policy import policy_plan
 from autotune.records import (
     AutotuneError,
@@ -27,10 +28,10 @@ from autotune.records import (
     read_record,
 )
 from autotune.search import (
+    PoolRunner,
     Predict,
     Prediction,
     Progress,
-    SubprocessRunner,
     TrialRunner,
     TrialSettings,
     TuneRecord,
@@ -52,17 +53,41 @@ def load_profile(
     return profile(model_path, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
 
 
-def make_predict(profile: ProfileRecord, device_memory: int | None) -> Predict:
-    """The estimate as a ``plan -> Prediction`` function (pure once the facts are read)."""
+def time_profile(
+    model_path: str, record: ProfileRecord, per_rank: int, device: str
+) -> ProfileRecord | None:
+    """A second short profile at a larger batch (``None`` when the per-rank batch is no larger).
+
+    With it the step-time model splits each phase into a fixed part per micro-batch and a
+    part per sample, which is what ranks micro-batches of one global batch.
+    """
+    batch = min(per_rank, 4 * record.config.batch_size)
+    if batch <= record.config.batch_size:
+        return None
+    from autotune.runtime.profiler import profile
+
+    return profile(model_path, batch_size=batch, steps=3, warmup=1, device=device)
+
+
+def make_predict(
+    profile: ProfileRecord, device_memory: int | None, refine: list[ProfileRecord] | None = None
+) -> Predict:
+    """The estimate as a ``plan -> Prediction`` function (pure once the facts are read).
+
+    ``refine``: more profiles of the same model (another batch size, or checkpointing
+    switched) that the step-time model is fitted to (:func:`fit_step_time`).
+    """
     facts = facts_from_profile(profile)
+    for other in refine or []:
+        facts = fit_step_time(facts, other)
 
     def predict(plan: Plan) -> Prediction:
         estimate = estimate_plan(facts, plan, device_memory=device_memory)
-        peak = estimate.memory.peak
+        peak, ratio = estimate.memory.peak, estimate.predicted_step_time_ratio
         if estimate.fits is not False:
-            return Prediction(True, peak, estimate.source)
+            return Prediction(True, peak, estimate.source, step_time_ratio=ratio)
         reason = f"peak {format_bytes(peak)} > usable part of {format_bytes(device_memory)} ({estimate.source})"
-        return Prediction(False, peak, estimate.source, reason)
+        return Prediction(False, peak, estimate.source, reason, step_time_ratio=ratio)
 
     return predict
 
@@ -86,6 +111,8 @@ def tune_model(
     baseline: Plan | None = None,
     steps: int = 3,
     warmup: int = 1,
+    interval_width: float | None = 0.05,
+    max_steps: int = 30,
     trial_timeout: float = 600.0,
     runner: TrialRunner | None = None,
     progress: Callable[[Progress], None] | None = None,
@@ -93,15 +120,20 @@ def tune_model(
 ) -> TuneRecord:
     """Everything ``autotune tune`` does before and around :func:`tune`.
 
-    Reads or takes a short profile, asks the policy for its plan and the estimate
-    for every plan's fit, then searches with real trials. ``options`` go to
-    :func:`tune` (trials, budget_s, storage, study_name, repeats).
+    Reads or takes two short profiles (two batch sizes, so the step-time model can rank
+    micro-batches), asks the policy for its plan and the estimate for every plan's fit
+    and speed, then searches with real trials: by default in a :class:`PoolRunner`, so
+    start-up is paid once per rank count. Each trial measures at least ``steps`` steps and
+    then until its median step time is known to ``interval_width`` (or ``max_steps``).
+    ``options`` go to :func:`tune` (trials, budget_s, storage, study_name, repeats, front).
     """
     if not Path(model_path).is_file():
         raise AutotuneError(f"{model_path}: no such model file")
     if global_batch < 1 or nproc < 1 or global_batch % nproc:
         raise AutotuneError(f"--global-batch {global_batch} does not split over --nproc {nproc}")
-    record = load_profile(model_path, profile_path, global_batch // nproc, device)
+    per_rank = global_batch // nproc
+    record = load_profile(model_path, profile_path, per_rank, device)
+    second = time_profile(model_path, record, per_rank, device) if profile_path is None else None
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
     policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
@@ -110,18 +142,22 @@ def tune_model(
     settings = TrialSettings(
         model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
         device_memory=device_memory, memory_guard=default_guard(nproc), timeout_s=trial_timeout,
+        interval_width=interval_width, max_steps=max(max_steps, steps),
     )  # fmt: skip
 
     def changes(plan: Plan) -> list[Any]:
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    tuned = tune(
-        settings.model_file, global_batch=global_batch, settings=settings,
-        runner=runner or SubprocessRunner(), nproc=nproc, blocks=stack.count if stack else 0,
-        policy=policy, baseline=baseline, predict=make_predict(record, device_memory),
-        code_changes=changes, progress=progress, **options,
-    )  # fmt: skip
+    predict = make_predict(record, device_memory, [second] if second is not None else [])
+    with contextlib.ExitStack() as owned:
+        if runner is None:
+            runner = owned.enter_context(PoolRunner())
+        tuned = tune(
+            settings.model_file, global_batch=global_batch, settings=settings, runner=runner,
+            nproc=nproc, blocks=stack.count if stack else 0, policy=policy, baseline=baseline,
+            predict=predict, code_changes=changes, progress=progress, **options,
+        )  # fmt: skip
     if tuned.recommendation is None:
         return tuned
     # The trials sized ZeRO's buckets to the model; the emitted config must do the same.

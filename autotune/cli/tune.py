@@ -27,7 +27,9 @@ def tune_command(
     device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file, global batch and nproc)."),
-    steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
+    steps: int = typer.Option(3, "--steps", help="Fewest measured optimizer steps per trial."),
+    interval: float = typer.Option(0.05, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
+    max_steps: int = typer.Option(30, "--max-steps", help="Most measured steps per trial when measuring to --interval."),
     warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
     repeats: int = typer.Option(3, "--repeats", help="Interleaved re-runs of best, baseline and runner-up."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
@@ -44,6 +46,10 @@ def tune_command(
 
         if not out_dir.is_dir():
             raise AutotuneError(f"--out-dir {out_dir}: no such directory")
+        if not 0 <= interval < 1:
+            raise AutotuneError(f"--interval: {interval} is not a share in [0, 1)")
+        if max_steps < 1:
+            raise AutotuneError(f"--max-steps: {max_steps} must be at least 1")
         per_rank = max(global_batch // max(nproc, 1), 1)
         base = _baseline(baseline, per_rank, nproc) if baseline else None
         with _ProgressView(trials, quiet=False) as view:
@@ -52,6 +58,7 @@ def tune_command(
                 device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
                 profile_path=str(profile) if profile else None, policy_path=str(policy) if policy else None,
                 baseline=base, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
+                interval_width=interval or None, max_steps=max_steps,
                 progress=view.update, trials=trials,
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study or f"{model.stem}-g{global_batch}-n{nproc}",
@@ -117,6 +124,17 @@ class _ProgressView:
                              description=f"{shown}{left}; {last}")  # fmt: skip
 
 
+def _costs(record: Any) -> str:
+    """A trial's fixed cost (request to first step; ``*``: a reused worker) and its steps."""
+    if record.fixed_s is None and record.steps_s is None:
+        return "–"
+    fixed = f"{record.fixed_s:.1f}" if record.fixed_s is not None else "–"
+    mark = "*" if record.reused_worker else ""
+    steps = f"{record.steps_s:.1f}" if record.steps_s is not None else "–"
+    count = f" ({record.steps_measured})" if record.steps_measured else ""
+    return f"{fixed}{mark} / {steps}{count}"
+
+
 def _throughput(record: Any) -> str:
     if record is None or record.samples_per_s is None:
         return "–"
@@ -139,6 +157,7 @@ def render(record: Any, written: list[Path]) -> None:
         "throughput",
         "peak (measured)",
         "peak (predicted)",
+        "start-up / steps s",
         "reason",
     ):
         table.add_column(column)  # fmt: skip
@@ -152,7 +171,7 @@ def render(record: Any, written: list[Path]) -> None:
             f"{format_bytes(t.peak_memory_bytes)} ({t.peak_source})" if t.peak_memory_bytes else "–"
         )
         table.add_row(str(t.number), t.role, t.plan.describe(), t.state, t.outcome or "–",
-                      _throughput(t), measured, predicted, t.reason or "")  # fmt: skip
+                      _throughput(t), measured, predicted, _costs(t), t.reason or "")  # fmt: skip
     console.print(table)
     _render_recommendation(record)
     for path in written:

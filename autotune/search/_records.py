@@ -13,7 +13,7 @@ SCHEMA_VERSION = 1
 
 Outcome = Literal["ok", "oom", "timeout", "crash"]
 TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
-Role = Literal["policy", "baseline", "search"]
+Role = Literal["policy", "baseline", "predicted", "search"]
 
 
 class TrialSettings(_Record):

@@ -14,6 +14,7 @@ from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import TrialRecord, TrialSettings, TuneRecord
 from autotune.search._runner import TrialRunner
 from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
+from autotune.search._steer import FRONT_SIZE, predicted_front, slower_than_best
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,29 @@ class _Search:
                  settings: TrialSettings, predict: Predict | None) -> None:  # fmt: skip
         self.study, self.space, self.runner = study, space, runner
         self.settings, self.predict = settings, predict
+        self._predictions: dict[Plan, Prediction] = {}
+
+    def prediction(self, plan: Plan) -> Prediction | None:
+        """The estimate of ``plan`` (``None`` without one); each plan is predicted once."""
+        if self.predict is None:
+            return None
+        if plan not in self._predictions:
+            self._predictions[plan] = self.predict(plan)
+        return self._predictions[plan]
+
+    def worth_running(self, records: list[TrialRecord]) -> bool:
+        """Whether a plan is left that is queued, or not yet measured and not predicted
+        (to miss the budget, or to be slower than the best measured beyond the error bar)."""
+        if self.predict is None or any(r.state in ("waiting", "running") for r in records):
+            return True
+        tried = {r.plan for r in records if r.outcome is not None}
+        for plan in self.space.all_plans():
+            prediction = self.prediction(plan)
+            if plan in tried or (prediction is not None and not prediction.fits):
+                continue
+            if slower_than_best(prediction, records) is None:
+                return True
+        return False
 
     def step(self) -> TrialRecord:
         """Ask for one plan and decide it: pruned without running, or run and measured."""
@@ -73,17 +97,19 @@ class _Search:
 
         trial, plan, role = _study.ask(self.study, self.space)
         others = [r for r in _study.records(self.study) if r.number != trial.number]
-        prediction = self.predict(plan) if self.predict is not None else None
+        prediction = self.prediction(plan)
         reason = self._skip_reason(plan, others, trial.number, prediction)
+        if reason is None and role not in ("policy", "baseline"):
+            reason = slower_than_best(prediction, others)
         if reason is None:
             # Look again: a worker that asked just before us may have named its plan since.
             again = [r for r in _study.records(self.study) if r.number != trial.number]
             reason = self._skip_reason(plan, again, trial.number, None)
         fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
         if prediction is not None:
-            fields.update(
-                predicted_peak_bytes=prediction.peak_bytes, prediction_source=prediction.source
-            )
+            fields.update(predicted_peak_bytes=prediction.peak_bytes,
+                          prediction_source=prediction.source,
+                          predicted_step_ratio=prediction.step_time_ratio)  # fmt: skip
         _study.store(trial, fields)
         outcome = fields.get("outcome")
         value = fields.get("tokens_per_s") or fields.get("samples_per_s")
@@ -124,9 +150,13 @@ class _Search:
             "duration_s": report.duration_s,
             "stderr_tail": report.stderr_tail[-2000:] if outcome != "ok" else None,
         }
+        if result is not None:
+            fields.update(fixed_s=report.fixed_s, steps_s=result.steps_s,
+                          reused_worker=result.reused)  # fmt: skip
         if result is not None and result.completed_steps > 0:
             fields.update(peak_memory_bytes=result.peak, peak_source=result.peak_source,
-                          step_time=result.step_time)  # fmt: skip
+                          step_time=result.step_time, step_interval=result.step_interval,
+                          steps_measured=len(result.step_times) or None)  # fmt: skip
             if outcome == "ok":
                 fields.update(samples_per_s=result.samples_per_s, tokens_per_s=result.tokens_per_s)
         return fields
@@ -151,6 +181,7 @@ def tune(
     seed: int | None = None,
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
+    front: int = FRONT_SIZE,
 ) -> TuneRecord:
     """Search plans with real short trials and recommend the fastest that fits.
 
@@ -164,7 +195,9 @@ def tune(
         policy: the policy's plan, run first; its other knobs hold for all trials.
         baseline: the user's current configuration (default: the whole per-rank
             batch in one micro-batch, nothing else turned on).
-        predict: the estimate; plans it says cannot fit are pruned, never run.
+        predict: the estimate; plans it says cannot fit are pruned, never run; its
+            predicted front is measured early, and plans it predicts slower than the best
+            measured one beyond its error bar are skipped.
         trials: plans to measure in the study (pruned ones do not count).
         budget_s: stop starting trials after this many seconds of trial time.
         storage: Optuna RDB URL or sqlite path (default ``autotune-tune.db``);
@@ -174,6 +207,7 @@ def tune(
         code_changes: ``plan -> [CodeChange]`` for the recommendation.
         seed: the sampler's seed (``None``: random, so shared-study workers differ).
         progress: called after each trial.
+        front: plans of the predicted front enqueued after the policy's and the baseline.
 
     Returns:
         The record of all trials, the final comparison and the recommendation.
@@ -194,19 +228,43 @@ def tune(
     else:
         _study.enqueue(study, space, policy_plan, "policy")
         _study.enqueue(study, space, base_plan, "baseline")
+        notes.extend(_policy_note(policy_plan, base_plan, predict))
+    if predict is not None:
+        for plan in predicted_front(space, predict, front):
+            _study.enqueue(study, space, plan, "predicted")
     shapes = [base_plan, policy_plan] + (
         [space.plan({"micro_batch": 1, "zero_stage": 1})] if nproc > 1 else []
     )
     warm = runner.warm_up(shapes, settings)
     if warm:
         notes.append(f"launcher start-up paid once before the study: {warm:.1f} s (not trial time)")
-    _run_study(_Search(study, space, runner, settings, predict), trials, budget_s, progress)
+    stopped = _run_study(_Search(study, space, runner, settings, predict), trials, budget_s,
+                         progress)  # fmt: skip
+    notes.extend([stopped] if stopped else [])
     return _finish(study, space, runner, settings, model_file, base_plan, repeats,
                    code_changes, notes, storage, study_name, nproc, global_batch)  # fmt: skip
 
 
+def _policy_note(policy: Plan, baseline: Plan, predict: Predict | None) -> list[str]:
+    """Why the policy's plan goes first although it is predicted slower than the baseline."""
+    if predict is None:
+        return []
+    mine, theirs = predict(policy), predict(baseline)
+    if mine.step_time_ratio is None or not theirs.step_time_ratio:
+        return []
+    ratio = mine.step_time_ratio / theirs.step_time_ratio
+    if ratio <= 1.0:
+        return []
+    why = (f"it exists to fit: the baseline is predicted not to ({theirs.reason})"
+           if not theirs.fits else "the baseline is predicted to fit, so nothing requires it")  # fmt: skip
+    return [f"the policy's plan ({policy.describe()}) is predicted x{ratio:.2f} the baseline's "
+            f"step time; {why}"]  # fmt: skip
+
+
 def _run_study(search: _Search, trials: int, budget_s: float | None,
-               progress: Callable[[Progress], None] | None) -> None:  # fmt: skip
+               progress: Callable[[Progress], None] | None) -> str | None:  # fmt: skip
+    """Ask, run and tell until ``trials`` are measured, the budget is spent or nothing is left
+    worth running; returns a note when the cost model ended the search early."""
     start = time.monotonic()
     asks = 0
     cap = 20 * trials + search.space.size()
@@ -224,7 +282,11 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
             or len(decided) >= search.space.size()
             or (left is not None and left <= 0)
         ):
-            return
+            return None
+        if not search.worth_running(existing):
+            return (f"stopped after {measured} measured trials: every plan not measured is "
+                    "predicted not to fit or to be slower than the best measured beyond the "
+                    "estimate's error bar")  # fmt: skip
         record = search.step()
         asks += 1
         if progress is not None:
