@@ -295,6 +295,7 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
             count = sum(1 for r in all_records if r.outcome is not None)
             left = None if budget_s is None else budget_s - (time.monotonic() - start)
             progress(Progress(count, trials, ranked[0] if ranked else None, record, left))
+    return None
 
 
 def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
