@@ -136,8 +136,10 @@ def tune_model(
     second = time_profile(model_path, record, per_rank, device) if profile_path is None else None
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
+    refine = [second] if second is not None else []
     policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
-                         global_batch=global_batch, policy_path=policy_path)  # fmt: skip
+                         global_batch=global_batch, policy_path=policy_path,
+                         more_profiles=refine)  # fmt: skip
     stack = record.model.block_stack
     settings = TrialSettings(
         model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
@@ -149,7 +151,7 @@ def tune_model(
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    predict = make_predict(record, device_memory, [second] if second is not None else [])
+    predict = make_predict(record, device_memory, refine)
     with contextlib.ExitStack() as owned:
         if runner is None:
             runner = owned.enter_context(PoolRunner())
