@@ -140,6 +140,7 @@ def tune_model(
     policy = policy_plan(record, device_memory=device_memory, world_size=nproc,
                          global_batch=global_batch, policy_path=policy_path,
                          more_profiles=refine)  # fmt: skip
+    policy, blocked = _loader_knobs(model_path, policy, record.config.batch_size)
     stack = record.model.block_stack
     settings = TrialSettings(
         model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
@@ -160,11 +161,29 @@ def tune_model(
             nproc=nproc, blocks=stack.count if stack else 0, policy=policy, baseline=baseline,
             predict=predict, code_changes=changes, progress=progress, **options,
         )  # fmt: skip
+    if blocked is not None:
+        tuned = tuned.model_copy(update={"notes": [blocked, *tuned.notes]})
     if tuned.recommendation is None:
         return tuned
     # The trials sized ZeRO's buckets to the model; the emitted config must do the same.
     rec = tuned.recommendation.model_copy(update={"parameters": record.model.parameters})
     return tuned.model_copy(update={"recommendation": rec})
+
+
+def _loader_knobs(model_path: str, policy: Plan, batch_size: int) -> tuple[Plan, str | None]:
+    """The policy's plan without loader knobs this model file cannot take, and why."""
+    if not (policy.dataloader_workers or policy.pin_memory):
+        return policy, None
+    from autotune.runtime.modelfile import load_model_file
+
+    blocked = load_model_file(model_path).loader_knobs_blocked(batch_size)
+    if blocked is None:
+        return policy, None
+    plain = policy.with_changes(dataloader_workers=0, pin_memory=False)
+    return (
+        plain,
+        f"the policy's DataLoader workers were not applied (trials ran without): {blocked}",
+    )
 
 
 def recommend(

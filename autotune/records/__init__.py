@@ -5,7 +5,7 @@ the one error type, atomic JSON I/O and unit parsing. No stage logic lives here.
 from __future__ import annotations
 
 from autotune.records._base import Record
-from autotune.records._errors import AutotuneError
+from autotune.records._errors import AutotuneError, NotApplicable
 from autotune.records._io import (
     RecordT,
     atomic_write_bytes,
@@ -62,6 +62,7 @@ __all__ = [
     "MemoryBreakdown",
     "ModelInfo",
     "ModuleBytes",
+    "NotApplicable",
     "NvmlSample",
     "Offload",
     "Plan",

@@ -1,4 +1,5 @@
-"""The one error type that reaches users as a single line."""
+"""The one error type that reaches users as a single line, and the signal that a plan's knob
+cannot be applied to this model file."""
 
 from __future__ import annotations
 
@@ -11,3 +12,11 @@ class AutotuneError(Exception):
     """
 
     exit_code = 2
+
+
+class NotApplicable(Exception):
+    """A knob of a plan that cannot be applied to this model file automatically.
+
+    Raised before anything is measured, so nothing is reported as measured for it;
+    the message says why and which code change the user must make instead.
+    """
