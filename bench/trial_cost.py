@@ -7,7 +7,8 @@ Usage: OMP_NUM_THREADS=1 python bench/trial_cost.py examples/tiny_gpt.py --nproc
 Each round runs one plan fresh (``SubprocessRunner``: a new torchrun, as `autotune tune` did
 before) and the same plan in the live group (``PoolRunner``), in alternating order; the plan
 changes from round to round (ZeRO stages 0-2 and 3). Prints medians with [min, max] over the
-rounds, the peaks of both per plan, and the paired ratio of their median step times.
+rounds and the peaks of both per plan. Then ``--same-rounds`` paired rounds of one plan
+(ZeRO-2) give the reused/fresh ratio of median step times with its 90 % interval.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--same-rounds", type=int, default=5)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
     per_rank = args.global_batch // args.nproc
@@ -56,20 +58,43 @@ def main() -> None:
     settings = TrialSettings(model_file=model, steps=args.steps, warmup=1, device="cpu",
                              timeout_s=900)  # fmt: skip
     print(f"load average (1/5/15 min) at start: {_load()} on {os.cpu_count()} cores")
-    rows: dict[str, list[RunReport]] = {"fresh": [], "reused": []}
     started = time.monotonic()
+    same = [plans[0].with_changes(zero_stage=stages[min(2, len(stages) - 1)])] * args.same_rounds
     with tempfile.TemporaryDirectory() as tmp, PoolRunner(workdir=Path(tmp, "pool")) as pool:
         fresh = SubprocessRunner(workdir=Path(tmp, "fresh"))
         warm = pool.warm_up(plans[:1], settings)
-        for index, plan in enumerate(plans):
-            order = [("fresh", fresh), ("reused", pool)]
-            for name, runner in order if index % 2 == 0 else order[::-1]:
-                report = runner.run(plan, settings)
-                assert _ok(report), report.stderr_tail[-3000:]
-                rows[name].append(report)
+        rows = _rounds(fresh, pool, plans, settings)
+        repeated = _rounds(fresh, pool, same, settings)
     print(f"load average at end: {_load()}; {time.monotonic() - started:.0f} s in all; "
           f"live group started once before the rounds: {warm:.1f} s")  # fmt: skip
     _print(rows, plans)
+    _print_same(repeated, same[0])
+
+
+def _rounds(fresh: SubprocessRunner, pool: PoolRunner, plans: list[Plan],
+            settings: TrialSettings) -> dict[str, list[RunReport]]:  # fmt: skip
+    """Each plan fresh and reused, which goes first alternating."""
+    rows: dict[str, list[RunReport]] = {"fresh": [], "reused": []}
+    for index, plan in enumerate(plans):
+        order = [("fresh", fresh), ("reused", pool)]
+        for name, runner in order if index % 2 == 0 else order[::-1]:
+            report = runner.run(plan, settings)
+            assert _ok(report), report.stderr_tail[-3000:]
+            rows[name].append(report)
+    return rows
+
+
+def _print_same(rows: dict[str, list[RunReport]], plan: Plan) -> None:
+    times = {name: [r.result.step_time or 0.0 for r in reports if r.result]
+             for name, reports in rows.items()}  # fmt: skip
+    ratios = [b / a for a, b in zip(times["fresh"], times["reused"], strict=True)]
+    low, high = median_interval(ratios)
+    print(f"\nsame plan ({plan.describe()}), {len(ratios)} paired rounds: median step time "
+          f"fresh {_spread(times['fresh'])} s, reused {_spread(times['reused'])} s; "
+          f"reused / fresh {statistics.median(ratios):.2f} [{low:.2f}, {high:.2f}] (90 % interval)")  # fmt: skip
+    peaks = {name: {tuple(r.result.peak_memory_bytes) for r in reports if r.result}
+             for name, reports in rows.items()}  # fmt: skip
+    print(f"peaks per rank: fresh {sorted(peaks['fresh'])}, reused {sorted(peaks['reused'])}")
 
 
 def _print(rows: dict[str, list[RunReport]], plans: list[Plan]) -> None:

@@ -195,10 +195,14 @@ def _facts(
     if hf_config is not None:
         if seq_len is None:
             raise AutotuneError("--hf-config needs --seq-len (tokens per sample)")
-        from autotune.runtime.trace import facts_from_hf_config
+        from autotune.runtime.trace_cache import entry, facts_from_hf_config_cached
 
-        err_console.print(f"tracing {hf_config} on fake tensors ...", style="dim")
-        traced = facts_from_hf_config(hf_config, seq_len, precisions=precisions)
+        cached = entry(hf_config, seq_len, precisions)
+        if cached is None or not cached.is_file():
+            typer.echo(f"tracing {hf_config} on fake tensors ...", err=True)
+        traced, hit = facts_from_hf_config_cached(hf_config, seq_len, precisions)
+        if hit:
+            typer.echo(f"traced facts of {hf_config} from {cached}", err=True)
     if not profiles:
         if model is None and traced is None:
             raise AutotuneError("MODEL: give a model file, --hf-config or --profile")
