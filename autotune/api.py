@@ -112,7 +112,7 @@ def tune_model(
     steps: int = 3,
     warmup: int = 1,
     interval_width: float | None = 0.05,
-    max_steps: int = 30,
+    max_steps: int = 20,
     trial_timeout: float = 600.0,
     runner: TrialRunner | None = None,
     progress: Callable[[Progress], None] | None = None,

@@ -29,21 +29,28 @@ from autotune.records import write_record  # noqa: E402
 AUTOTUNE = str(Path(sys.executable).parent / "autotune")
 
 
-def _cases(folder: Path) -> dict[str, list[str]]:
+def _cases(folder: Path) -> dict[str, tuple[list[str], str | None]]:
+    """Each case's command and its trace cache (``None``: a new empty one per run, cold)."""
     profile = write_record(folder / "profile.json", synthetic_profile(dataloader=0.5))
     config = REPO / "examples" / "configs" / "llama2_7b.json"
+    estimate = [AUTOTUNE, "estimate", "--hf-config", str(config), "--seq-len", "4096", "-b", "1",
+                "--json"]  # fmt: skip
     return {
-        "suggest PROFILE --json": [AUTOTUNE, "suggest", str(profile), "--json"],
-        "estimate --hf-config llama2_7b --seq-len 4096 -b 1 --json": [
-            AUTOTUNE, "estimate", "--hf-config", str(config), "--seq-len", "4096", "-b", "1",
-            "--json",
-        ],
-    }  # fmt: skip
+        "suggest PROFILE --json": ([AUTOTUNE, "suggest", str(profile), "--json"], None),
+        "estimate --hf-config llama2_7b --seq-len 4096 -b 1 --json (cold)": (estimate, None),
+        "estimate ... (the same trace cached)": (estimate, str(folder / "warm-cache")),
+    }
 
 
-def _run(command: list[str], tree: Path) -> tuple[float, float]:
+def _run(command: list[str], tree: Path, cache: str | None) -> tuple[float, float]:
     """Wall seconds and CPU seconds (user + system) of one whole process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
+    with tempfile.TemporaryDirectory() as cold:
+        return _timed(command, tree, cache or cold)
+
+
+def _timed(command: list[str], tree: Path, cache: str) -> tuple[float, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree),
+           "AUTOTUNE_CACHE_DIR": cache}  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, env=env, cwd=tree)
@@ -67,11 +74,14 @@ def main() -> None:
     times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cases = _cases(Path(tmp))
+        for command, cache in cases.values():
+            if cache is not None:
+                _run(command, REPO, cache)  # fills the warm cache, untimed
         for repeat in range(args.repeats):
             names = list(trees) if repeat % 2 == 0 else list(trees)[::-1]
-            for case, command in cases.items():
+            for case, (command, cache) in cases.items():
                 for name in names:
-                    times.setdefault((case, name), []).append(_run(command, trees[name]))
+                    times.setdefault((case, name), []).append(_run(command, trees[name], cache))
     print(f"load average at end: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"\n| command | tree | wall s, median [min, max] of {args.repeats} | CPU s, median |")
     print("|---|---|---|---|")

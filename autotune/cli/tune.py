@@ -29,7 +29,7 @@ def tune_command(
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file, global batch and nproc)."),
     steps: int = typer.Option(3, "--steps", help="Fewest measured optimizer steps per trial."),
     interval: float = typer.Option(0.05, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
-    max_steps: int = typer.Option(30, "--max-steps", help="Most measured steps per trial when measuring to --interval."),
+    max_steps: int = typer.Option(20, "--max-steps", help="Most measured steps per trial when measuring to --interval."),
     warmup: int = typer.Option(1, "--warmup", help="Optimizer steps run first in each trial and dropped."),
     repeats: int = typer.Option(3, "--repeats", help="Interleaved re-runs of best, baseline and runner-up."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),

@@ -35,9 +35,9 @@ class TrialSettings(_Record):
         description="keep measuring until the median step time's interval is within this "
         "relative half-width (0.05: +-5 %); None: exactly `steps` steps",
     )
-    max_steps: int = Field(default=30, ge=1, description="cap on measured steps (with a width)")
+    max_steps: int = Field(default=20, ge=1, description="cap on measured steps (with a width)")
     max_measure_s: float = Field(
-        default=30.0, gt=0, description="cap on seconds of measured steps (with a width)"
+        default=15.0, gt=0, description="cap on seconds of measured steps (with a width)"
     )
 
 
