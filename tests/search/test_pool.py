@@ -142,3 +142,24 @@ def _gone(pid: int, seconds: float = 5.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_steps_are_measured_until_the_median_is_known_or_a_cap(model: str, tmp_path: Path) -> None:
+    import statistics
+
+    settings = _settings(model, steps=3, interval_width=0.05, max_steps=8, max_measure_s=60)
+    with PoolRunner(env=ENV, workdir=tmp_path / "pool") as pool:
+        reports = [pool.run(Plan(micro_batch=4), settings) for _ in range(2)]
+    for report in reports:
+        assert _ok(report) and report.result is not None
+        times = report.result.step_times
+        assert 3 <= len(times) <= 8
+        low, high = report.result.step_interval or (0.0, 0.0)
+        assert low in times and high in times and low <= statistics.median(times) <= high
+        # Stopped because the interval is within +-5 % of the median, or at the step cap.
+        within = (high - low) / 2 <= 0.05 * statistics.median(times) and len(times) >= 5
+        assert within or len(times) == 8
+    # A fixed count without a width.
+    with PoolRunner(env=ENV, workdir=tmp_path / "fixed") as pool:
+        fixed = pool.run(Plan(micro_batch=4), _settings(model, steps=3))
+    assert fixed.result is not None and len(fixed.result.step_times) == 3
