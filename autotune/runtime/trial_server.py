@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from autotune.records import read_record, write_record
-from autotune.runtime.trial_worker import MemoryWatch, _iter_lines, _rank, run_trial
+from autotune.runtime.trial_steps import MemoryWatch, ranks
+from autotune.runtime.trial_worker import _iter_lines, run_trial
 from autotune.search import TrialResult, WorkerSpec, done_path, request_path, stop_path
 
 POLL_S = 0.02
@@ -71,7 +72,7 @@ def release_memory() -> None:
 
 def serve(folder: Path, parent: int | None = None, idle_s: float = IDLE_S) -> int:
     """Run requests in order until told to stop; exit 1 at the first failed trial."""
-    rank = _rank()[0]
+    rank = ranks()[0]
     if parent is not None:
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     watch = MemoryWatch(None)
