@@ -111,6 +111,7 @@ class FactBuilder:
         self.baseline = baseline_plan(profile, machine)
         self._static = static_facts(profile, machine)
         self._cache: dict[Plan, PlanEstimate] = {}
+        self._facts: dict[Plan, Facts] = {}
 
     def estimate(self, plan: Plan) -> PlanEstimate:
         """The estimate of one plan (cached: the searches below ask for many)."""
@@ -126,7 +127,13 @@ class FactBuilder:
         return self._cache[plan]
 
     def facts(self, plan: Plan) -> Facts:
-        """Facts for ``plan``: measured where it is the profiled plan, else predicted."""
+        """Facts for ``plan``: measured where it is the profiled plan, else predicted (cached:
+        every rule group asks again until a change is made)."""
+        if plan not in self._facts:
+            self._facts[plan] = self._build_facts(plan)
+        return self._facts[plan]
+
+    def _build_facts(self, plan: Plan) -> Facts:
         measured = self._same_memory_as_baseline(plan)
         memory = self._measured_memory() if measured else self._predicted_memory(plan)
         input_share, input_source = self.input_share(plan)
