@@ -74,7 +74,7 @@ def error_bar(measured: Iterable[TrialRecord], default: float = DEFAULT_ERROR) -
 
 def slower_than_best(prediction: Prediction | None, records: list[TrialRecord]) -> str | None:
     """Why a plan is skipped: predicted slower than the best measured plan beyond the error
-    bar (``None``: run it)."""
+    bar plus that plan's own measurement noise (``None``: run it)."""
     if prediction is None or prediction.step_time_ratio is None:
         return None
     done = [r for r in records if _timed(r)]
@@ -82,11 +82,20 @@ def slower_than_best(prediction: Prediction | None, records: list[TrialRecord]) 
         return None
     best = min(done, key=lambda r: r.step_time or 0.0)
     relative = prediction.step_time_ratio / (best.predicted_step_ratio or 1.0)
-    bar = error_bar(done)
-    if relative <= 1.0 + bar:
+    bar, noise = error_bar(done), _noise(best)
+    if relative <= 1.0 + bar + noise:
         return None
     return (f"predicted x{relative:.2f} the step time of the best measured plan (trial "
-            f"{best.number}), beyond the estimate's error bar of {bar:.0%}")  # fmt: skip
+            f"{best.number}), beyond the estimate's error bar of {bar:.0%} and that trial's "
+            f"measurement noise of {noise:.0%}")  # fmt: skip
+
+
+def _noise(record: TrialRecord) -> float:
+    """Half the width of a trial's median step-time interval, relative to the median."""
+    if record.step_interval is None or not record.step_time:
+        return 0.0
+    low, high = record.step_interval
+    return max(high - low, 0.0) / 2 / record.step_time
 
 
 def _timed(record: TrialRecord) -> bool:

@@ -16,6 +16,7 @@ from autotune.search import (
     error_bar,
     make_space,
     predicted_front,
+    slower_than_best,
     tune,
 )
 
@@ -94,3 +95,12 @@ def test_error_bar_grows_only_when_a_plan_was_predicted_too_slow() -> None:
     # Predicted 2x the best, measured 1.25x: the model overstates slowness by 60 %.
     bar = error_bar([_record(0, 1.0, 1.0), _record(1, 2.0, 1.25)])
     assert abs(bar - 0.6) < 1e-9
+
+
+def test_the_best_trials_noise_widens_the_bar() -> None:
+    quiet = _record(0, 1.0, 1.0)
+    noisy = quiet.model_copy(update={"step_interval": (0.9, 1.1)})  # +-10 % around the median
+    slower = Prediction(True, 1000, "formula", step_time_ratio=1.2)  # 20 % slower than trial 0
+    reason = slower_than_best(slower, [quiet])
+    assert reason is not None and "error bar of 15%" in reason
+    assert slower_than_best(slower, [noisy]) is None  # 20 % < 15 % + 10 %
