@@ -7,9 +7,9 @@ Usage: OMP_NUM_THREADS=1 python bench/tune_quality.py examples/tiny_gpt.py --npr
 1. ``tune_model`` as `autotune tune` runs it (two short profiles, the policy, the predicted
    front, pooled trials, the final interleaved comparison), timed end to end.
 2. Every plan of the same space measured once in a live worker group (the grid).
-3. The grid's three best and tune's pick re-measured ``--rounds`` times, the order rotating
-   each round; the pick's median samples/s over the best median, with the range of the
-   per-round ratios.
+3. The grid's three best and tune's pick re-measured ``--rounds`` times (5 steps each), the
+   order rotating each round; the pick's median samples/s over the best median, with the
+   range of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -101,8 +101,9 @@ def _print_tune(record: object, wall: float) -> None:
 
 def _grid_and_compare(pool: PoolRunner, model: str, args: argparse.Namespace, pick: Plan,
                       blocks: int) -> None:  # fmt: skip
-    settings = TrialSettings(model_file=model, steps=3, warmup=1, device="cpu", timeout_s=900,
-                             interval_width=0.05, max_steps=30)  # fmt: skip
+    # The grid: each plan once, 3 measured steps after 1 warm-up (the reference, not the search).
+    settings = TrialSettings(model_file=model, steps=3, warmup=1, device="cpu", timeout_s=900)
+    again = settings.model_copy(update={"steps": 5})
     space = make_space(args.global_batch, args.nproc, blocks, pick, None)
     start = time.monotonic()
     pool.warm_up(space.all_plans()[:1], settings)
@@ -118,7 +119,7 @@ def _grid_and_compare(pool: PoolRunner, model: str, args: argparse.Namespace, pi
     for index in range(args.rounds):
         shift = index % len(contenders)
         order = contenders[shift:] + contenders[:shift]
-        speeds = {plan: _speed(pool, plan, settings) for plan in order}
+        speeds = {plan: _speed(pool, plan, again) for plan in order}
         rounds.append([speeds[plan] for plan in contenders])
     medians = [statistics.median(r[i] for r in rounds if r[i]) for i in range(len(contenders))]
     best = max(range(len(top)), key=lambda i: medians[i])
