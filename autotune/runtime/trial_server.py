@@ -14,6 +14,7 @@ without a request, so no group outlives the search that started it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from autotune.records import read_record, write_record
-from autotune.runtime.trial_steps import MemoryWatch, ranks
+from autotune.runtime.trial_steps import MemoryWatch, ranks, shut_down
 from autotune.runtime.trial_worker import _iter_lines, run_trial
 from autotune.search import TrialResult, WorkerSpec, done_path, request_path, stop_path
 
@@ -80,7 +81,7 @@ def serve(folder: Path, parent: int | None = None, idle_s: float = IDLE_S) -> in
         for index in range(sys.maxsize):
             path = wait_for_request(folder, index, parent, idle_s)
             if path is None:
-                return 0
+                break
             spec = read_record(path, WorkerSpec, "trial request")
             if not _serve_one(spec, watch, rank, reused=index > 0):
                 return 1
@@ -89,6 +90,9 @@ def serve(folder: Path, parent: int | None = None, idle_s: float = IDLE_S) -> in
             release_memory()
     finally:
         watch.stop()
+    if stop_path(folder).exists():  # told to stop: every rank is here, leave the group together
+        with contextlib.suppress(Exception):
+            shut_down()
     return 0
 
 

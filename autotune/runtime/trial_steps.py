@@ -176,3 +176,13 @@ def cuda_peak(device: Any) -> int | None:
     import torch
 
     return int(torch.cuda.max_memory_allocated(device))
+
+
+def shut_down() -> None:
+    """Leave the process group together: a rank that exits with gloo's threads still running
+    can abort ("terminate called without an active exception") after a trial that succeeded."""
+    import torch.distributed as dist
+
+    if ranks()[1] > 1 and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -18,6 +18,7 @@ from autotune.runtime.trial_steps import (
     live_peak,
     load_cached,
     ranks,
+    shut_down,
 )
 from autotune.search import StepSplit, TrialResult, WorkerSpec
 
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         watch.stop()
     write(result)
+    shut_down()
     return 0
 
 
