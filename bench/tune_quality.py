@@ -3,6 +3,7 @@ pick against the full grid measured once (the reference), re-measured interleave
 
 Usage: OMP_NUM_THREADS=1 python bench/tune_quality.py examples/tiny_gpt.py --nproc 2 \
            --global-batch 32 --baseline-micro-batch 1 --trials 8 [--rounds 5] [--no-grid]
+       ... --remeasure PICK GRID_BEST ... (only step 3, for plans printed by an earlier run)
 
 1. ``tune_model`` as `autotune tune` runs it (two short profiles, the policy, the predicted
    front, pooled trials, the final interleaved comparison), timed end to end.
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from autotune.api import tune_model
-from autotune.records import Plan
+from autotune.records import Plan, parse_plan
 from autotune.search import PoolRunner, TrialSettings, classify_outcome, make_space
 
 
@@ -46,12 +47,20 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-grid", action="store_true")
+    parser.add_argument("--remeasure", nargs="+", default=None, metavar="PLAN",
+                        help="only re-measure these plans interleaved, the first as the pick")  # fmt: skip
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
     per_rank = args.global_batch // args.nproc
     baseline = Plan(micro_batch=args.baseline_micro_batch, gpus_per_node=args.nproc,
                     grad_accum=per_rank // args.baseline_micro_batch)  # fmt: skip
     print(f"load average (1/5/15 min) at start: {_load()} on {os.cpu_count()} cores")
+    if args.remeasure:
+        plans = [parse_plan(text, Plan(gpus_per_node=args.nproc)) for text in args.remeasure]
+        settings = TrialSettings(model_file=model, steps=5, warmup=1, device="cpu", timeout_s=900)
+        with tempfile.TemporaryDirectory() as tmp, PoolRunner(workdir=Path(tmp)) as pool:
+            remeasure(pool, settings, plans[0], plans[1:], args.rounds)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
         record = tune_model(model, global_batch=args.global_batch, nproc=args.nproc, device="cpu",
@@ -114,23 +123,33 @@ def _grid_and_compare(pool: PoolRunner, model: str, args: argparse.Namespace, pi
     top = sorted(done, key=lambda p: -done[p])[:3]
     for plan in top:
         print(f"  grid top: {plan.describe()}: {done[plan]:.1f} samples/s (one run)")
-    contenders = top + ([pick] if pick not in top else [])
-    rounds = []
-    for index in range(args.rounds):
+    remeasure(pool, again, pick, top, args.rounds)
+
+
+def remeasure(pool: PoolRunner, settings: TrialSettings, pick: Plan, top: list[Plan],
+              rounds: int) -> None:  # fmt: skip
+    """The grid's best plans and tune's pick, interleaved (the order rotating each round)."""
+    contenders = [pick] + [plan for plan in top if plan != pick]
+    table = []
+    for index in range(rounds):
         shift = index % len(contenders)
-        order = contenders[shift:] + contenders[:shift]
-        speeds = {plan: _speed(pool, plan, again) for plan in order}
-        rounds.append([speeds[plan] for plan in contenders])
-    medians = [statistics.median(r[i] for r in rounds if r[i]) for i in range(len(contenders))]
-    best = max(range(len(top)), key=lambda i: medians[i])
-    mine = contenders.index(pick)
-    ratios = [r[mine] / r[best] for r in rounds if r[mine] and r[best]]
-    print(f"\nre-measured interleaved, {args.rounds} rounds (median samples/s):")
-    for plan, median in zip(contenders, medians, strict=True):
-        label = " (tune's pick)" if plan == pick else ""
-        print(f"  {plan.describe()}{label}: {median:.1f}")
-    print(f"tune's pick / the grid's best: {medians[mine] / medians[best]:.3f} "
-          f"(per-round ratios {min(ratios):.3f}-{max(ratios):.3f})")  # fmt: skip
+        speeds = {plan: _speed(pool, plan, settings)
+                  for plan in contenders[shift:] + contenders[:shift]}  # fmt: skip
+        table.append([speeds[plan] for plan in contenders])
+    medians = [statistics.median(r[i] for r in table if r[i]) for i in range(len(contenders))]
+    best = max(range(len(contenders)), key=lambda i: medians[i] if contenders[i] in top else 0)
+    print(f"\nre-measured interleaved, {rounds} rounds, load {_load()}:")
+    print(
+        "| plan | median samples/s [min, max] | tune's pick / this plan, per round: median [min, max] |"
+    )
+    print("|---|---|---|")
+    for i, plan in enumerate(contenders):
+        values = [r[i] for r in table if r[i]]
+        ratios = [r[0] / r[i] for r in table if r[0] and r[i]]
+        label = " (tune's pick)" if i == 0 else (" (grid's best, re-measured)" if i == best else "")
+        print(f"| {plan.describe()}{label} | {medians[i]:.1f} [{min(values):.1f}, {max(values):.1f}] "
+              f"| {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] |")  # fmt: skip
+    print(f"tune's pick / the grid's best: {medians[0] / medians[best]:.3f} (medians)")
 
 
 if __name__ == "__main__":
