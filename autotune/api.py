@@ -7,6 +7,7 @@ Runtime modules are imported inside the functions, so ``autotune config`` and
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -15,7 +16,7 @@ from typing import Any
 
 from autotune.confirm import ConfirmRecord, confirm_changes
 from autotune.emit import Config, code_changes_for, emit_deepspeed_config
-from autotune.estimator import estimate_plan, facts_from_profile
+from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
 from autotune.policy import load_policy, policy_plan
 from autotune.records import (
     AutotuneError,
@@ -29,10 +30,10 @@ from autotune.records import (
 from autotune.search import (
     JOIN_TIMEOUT_S,
     AgentRunner,
+    PoolRunner,
     Predict,
     Prediction,
     Progress,
-    SubprocessRunner,
     TrialRunner,
     TrialSettings,
     TuneRecord,
@@ -56,23 +57,46 @@ def load_profile(
     return profile(model_path, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
 
 
+def time_profile(
+    model_path: str, record: ProfileRecord, per_rank: int, device: str
+) -> ProfileRecord | None:
+    """A second short profile at a larger batch (``None`` when the per-rank batch is no larger).
+
+    With it the step-time model splits each phase into a fixed part per micro-batch and a
+    part per sample, which is what ranks micro-batches of one global batch.
+    """
+    batch = min(per_rank, 4 * record.config.batch_size)
+    if batch <= record.config.batch_size:
+        return None
+    from autotune.runtime.profiler import profile
+
+    return profile(model_path, batch_size=batch, steps=3, warmup=1, device=device)
+
+
 def make_predict(
-    profile: ProfileRecord, device_memory: int | None, inter_gbps: float | None = None
+    profile: ProfileRecord,
+    device_memory: int | None,
+    inter_gbps: float | None = None,
+    refine: list[ProfileRecord] | None = None,
 ) -> Predict:
     """The estimate as a ``plan -> Prediction`` function (pure once the facts are read).
 
     ``inter_gbps``: the link between nodes, which the estimate's communication time uses
-    for plans over several nodes.
+    for plans over several nodes. ``refine``: more profiles of the same model (another
+    batch size, or checkpointing switched) that the step-time model is fitted to
+    (:func:`fit_step_time`).
     """
     facts = facts_from_profile(profile)
+    for other in refine or []:
+        facts = fit_step_time(facts, other)
 
     def predict(plan: Plan) -> Prediction:
         estimate = estimate_plan(facts, plan, device_memory=device_memory, inter_gbps=inter_gbps)
-        peak = estimate.memory.peak
+        peak, ratio = estimate.memory.peak, estimate.predicted_step_time_ratio
         if estimate.fits is not False:
-            return Prediction(True, peak, estimate.source)
+            return Prediction(True, peak, estimate.source, step_time_ratio=ratio)
         reason = f"peak {format_bytes(peak)} > usable part of {format_bytes(device_memory)} ({estimate.source})"
-        return Prediction(False, peak, estimate.source, reason)
+        return Prediction(False, peak, estimate.source, reason, step_time_ratio=ratio)
 
     return predict
 
@@ -135,6 +159,8 @@ def tune_model(
     baseline: Plan | None = None,
     steps: int = 3,
     warmup: int = 1,
+    interval_width: float | None = 0.05,
+    max_steps: int = 20,
     trial_timeout: float = 600.0,
     runner: TrialRunner | None = None,
     progress: Callable[[Progress], None] | None = None,
@@ -149,9 +175,13 @@ def tune_model(
 ) -> TuneRecord:
     """Everything ``autotune tune`` does before and around :func:`tune`.
 
-    Reads or takes a short profile, asks the policy for its plan and the estimate
-    for every plan's fit, then searches with real trials. ``options`` go to
-    :func:`tune` (trials, budget_s, storage, study_name, repeats, heartbeat_s; the
+    Reads or takes two short profiles (two batch sizes, so the step-time model can rank
+    micro-batches), asks the policy for its plan and the estimate for every plan's fit
+    and speed, then searches with real trials: by default in a :class:`PoolRunner`, so
+    start-up is paid once per rank count. Each trial measures at least ``steps`` steps and
+    then until its median step time is known to ``interval_width`` (or ``max_steps``).
+    ``options`` go to :func:`tune` (trials, budget_s, storage, study_name, repeats, front,
+    heartbeat_s; the
     study's name defaults to ``<model stem>-g<global batch>-n<nproc>``). Instead of
     ``model_path``, ``hf_config`` or ``hf_model`` with ``seq_len`` name a Hugging
     Face model (:func:`autotune.runtime.hf.model_source`). With ``nodes`` > 1 each
@@ -167,7 +197,8 @@ def tune_model(
         return _tune_file(
             str(src.path), src.label, global_batch=global_batch, nproc=nproc, device=device,
             device_memory=device_memory, profile_path=profile_path, policy_path=policy_path,
-            baseline=baseline, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
+            baseline=baseline, steps=steps, warmup=warmup, interval_width=interval_width,
+            max_steps=max_steps, trial_timeout=trial_timeout,
             runner=runner, progress=progress, nodes=nodes, rdzv_endpoint=rdzv_endpoint,
             join_timeout=join_timeout, inter_gbps=inter_gbps, **options,
         )  # fmt: skip
@@ -186,6 +217,8 @@ def _tune_file(
     baseline: Plan | None,
     steps: int,
     warmup: int,
+    interval_width: float | None,
+    max_steps: int,
     trial_timeout: float,
     runner: TrialRunner | None,
     progress: Callable[[Progress], None] | None,
@@ -209,37 +242,62 @@ def _tune_file(
     # --storage costs nothing; tune() opens it again, which is cheap.
     saved = read_record(profile_path, ProfileRecord, "profile") if profile_path else None
     open_study(options.get("storage"), options["study_name"])
-    record = saved or load_profile(model_path, None, global_batch // world, device)
+    per_rank = global_batch // world
+    record = saved or load_profile(model_path, None, per_rank, device)
+    second = time_profile(model_path, record, per_rank, device) if saved is None else None
     if device_memory is None and record.environment.device_type == "cuda":
         device_memory = record.environment.device_memory_bytes
+    refine = [second] if second is not None else []
     policy = policy_plan(record, device_memory=device_memory, world_size=world, gpus_per_node=nproc,
-                         inter_gbps=inter_gbps, global_batch=global_batch, policy_path=policy_path)  # fmt: skip
+                         inter_gbps=inter_gbps, global_batch=global_batch, policy_path=policy_path,
+                         more_profiles=refine)  # fmt: skip
+    policy, blocked = _loader_knobs(model_path, policy, record.config.batch_size)
     stack = record.model.block_stack
     settings = TrialSettings(
         model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
         device_memory=device_memory, memory_guard=default_guard(nproc), timeout_s=trial_timeout,
+        interval_width=interval_width, max_steps=max(max_steps, steps),
     )  # fmt: skip
 
     def changes(plan: Plan) -> list[Any]:
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    runner = runner or SubprocessRunner()
-    try:
+    predict = make_predict(record, device_memory, inter_gbps, refine)
+    with contextlib.ExitStack() as owned:
+        if runner is None:
+            runner = owned.enter_context(PoolRunner())
+        elif isinstance(runner, AgentRunner):
+            owned.callback(runner.close)
         tuned = tune(
             label, global_batch=global_batch, settings=settings, runner=runner,
             nproc=nproc, nodes=nodes, blocks=stack.count if stack else 0, policy=policy,
-            baseline=baseline, predict=make_predict(record, device_memory, inter_gbps),
-            code_changes=changes, progress=progress, **options,
+            baseline=baseline, predict=predict, code_changes=changes, progress=progress,
+            **options,
         )  # fmt: skip
-    finally:
-        if isinstance(runner, AgentRunner):
-            runner.close()
+    if blocked is not None:
+        tuned = tuned.model_copy(update={"notes": [blocked, *tuned.notes]})
     if tuned.recommendation is None:
         return tuned
     # The trials sized ZeRO's buckets to the model; the emitted config must do the same.
     rec = tuned.recommendation.model_copy(update={"parameters": record.model.parameters})
     return tuned.model_copy(update={"recommendation": rec})
+
+
+def _loader_knobs(model_path: str, policy: Plan, batch_size: int) -> tuple[Plan, str | None]:
+    """The policy's plan without loader knobs this model file cannot take, and why."""
+    if not (policy.dataloader_workers or policy.pin_memory):
+        return policy, None
+    from autotune.runtime.modelfile import load_model_file
+
+    blocked = load_model_file(model_path).loader_knobs_blocked(batch_size)
+    if blocked is None:
+        return policy, None
+    plain = policy.with_changes(dataloader_workers=0, pin_memory=False)
+    return (
+        plain,
+        f"the policy's DataLoader workers were not applied (trials ran without): {blocked}",
+    )
 
 
 def recommend(

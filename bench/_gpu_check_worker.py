@@ -16,13 +16,13 @@ from typing import Any
 
 from autotune.records import read_record
 from autotune.runtime import device as dev
-from autotune.runtime import trial_worker
+from autotune.runtime import trial_steps, trial_worker
 from autotune.search import WorkerSpec
 
 
 def _sampled_steps(device: Any, samplers: list[dev.NvmlSampler]) -> Any:
     """The worker's step loop, run inside an NVML sampler."""
-    run = trial_worker._Steps.run
+    run = trial_steps.Steps.run
 
     def sampled(self: Any, step: Any) -> None:
         with dev.NvmlSampler(device) as sampler:
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     spec = read_record(argv[0], WorkerSpec, "trial spec")
     device = dev.resolve_device(spec.settings.device)
     samplers: list[dev.NvmlSampler] = []
-    trial_worker._Steps.run = _sampled_steps(device, samplers)  # type: ignore[method-assign]
+    trial_steps.Steps.run = _sampled_steps(device, samplers)  # type: ignore[method-assign]
     code = trial_worker.main(argv)
     nvml = samplers[0].result() if samplers else None
     peaks = dev.allocator_peak(device)

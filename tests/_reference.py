@@ -66,12 +66,10 @@ def _peak(prof: Any, keep: set[int] | dict[int, int]) -> Reference:
     cpu = torch.device("cpu")
     live = dict.fromkeys([*CATEGORY_NAMES.values(), "untouched"], 0)
     dropped: set[Any] = set()
-    seen = {
-        key.storage.ptr for _, _, (key, _), _ in events if isinstance(key, TensorKey)
-    }
-    untouched = sum(size for ptr, size in keep.items() if ptr not in seen) if isinstance(
-        keep, dict
-    ) else 0
+    seen = {key.storage.ptr for _, _, (key, _), _ in events if isinstance(key, TensorKey)}
+    untouched = (
+        sum(size for ptr, size in keep.items() if ptr not in seen) if isinstance(keep, dict) else 0
+    )
     live["untouched"] = untouched
     total = peak = untouched
     at_peak = dict(live)

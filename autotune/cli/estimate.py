@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -210,10 +211,17 @@ def _facts(
     if hf_config is not None:
         if seq_len is None:
             raise AutotuneError("--hf-config needs --seq-len (tokens per sample)")
-        from autotune.runtime.trace import facts_from_hf_config
+        from autotune.runtime.trace_cache import entry, facts_from_hf_config_cached
 
-        with err_console.status(f"tracing {hf_config} on fake tensors ..."):
-            traced = facts_from_hf_config(hf_config, seq_len, precisions=precisions)
+        cached = entry(hf_config, seq_len, precisions)
+        with (
+            err_console.status(f"tracing {hf_config} on fake tensors ...")
+            if cached is None or not cached.is_file()
+            else contextlib.nullcontext()
+        ):
+            traced, hit = facts_from_hf_config_cached(hf_config, seq_len, precisions)
+        if hit:
+            typer.echo(f"traced facts of {hf_config} from {cached}", err=True)
     if not profiles:
         if model is None and traced is None:
             raise AutotuneError("MODEL: give a model file, --hf-config or --profile")

@@ -42,7 +42,9 @@ def tune_command(
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
     heartbeat: int = typer.Option(10, "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
-    steps: int = typer.Option(3, "--steps", min=1, help="Measured optimizer steps per trial."),
+    steps: int = typer.Option(3, "--steps", min=1, help="Fewest measured optimizer steps per trial."),
+    interval: float = typer.Option(0.05, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
+    max_steps: int = typer.Option(20, "--max-steps", min=1, help="Most measured steps per trial when measuring to --interval."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Interleaved re-runs of best, baseline and runner-up."),
     device: str = typer.Option("auto", "--device", callback=device_name, help="auto, cpu, cuda or cuda:N."),
@@ -66,8 +68,11 @@ def tune_command(
     """
     with user_errors():
         from autotune.api import check_tune_options, tune_model
+        from autotune.records import AutotuneError
 
         check_directory(out_dir, f"--out-dir {out_dir}")
+        if not 0 <= interval < 1:
+            raise AutotuneError(f"--interval: {interval} is not a share in [0, 1)")
         check_tune_options(
             str(model) if model else None, global_batch, nproc, nnodes, rdzv_endpoint
         )
@@ -80,6 +85,7 @@ def tune_command(
                 device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
                 profile_path=str(profile) if profile else None, policy_path=str(policy) if policy else None,
                 baseline=base, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
+                interval_width=interval or None, max_steps=max_steps,
                 progress=view.update, trials=trials,
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study,
@@ -149,6 +155,17 @@ class _ProgressView:
                              description=f"{shown}{left}; {last}")  # fmt: skip
 
 
+def _costs(record: Any) -> str:
+    """A trial's fixed cost (request to first step; ``*``: a reused worker) and its steps."""
+    if record.fixed_s is None and record.steps_s is None:
+        return "–"
+    fixed = f"{record.fixed_s:.1f}" if record.fixed_s is not None else "–"
+    mark = "*" if record.reused_worker else ""
+    steps = f"{record.steps_s:.1f}" if record.steps_s is not None else "–"
+    count = f" ({record.steps_measured})" if record.steps_measured else ""
+    return f"{fixed}{mark} / {steps}{count}"
+
+
 def _throughput(record: Any) -> str:
     if record is None or record.samples_per_s is None:
         return "–"
@@ -163,7 +180,7 @@ def render(record: Any, written: list[Path]) -> None:
 
     table = Table(title=f"study {record.study} ({record.storage})")
     for column in ("#", "role", "plan", "state", "outcome", "throughput", "peak (measured)",
-                   "peak (predicted)", "reason"):  # fmt: skip
+                   "peak (predicted)", "start-up / steps s", "reason"):  # fmt: skip
         # Figures never wrap (print_table widens the table rather than cut them).
         table.add_column(column, no_wrap=column in ("#", "throughput"))
     for t in record.trials:
@@ -176,7 +193,7 @@ def render(record: Any, written: list[Path]) -> None:
             f"{format_bytes(t.peak_memory_bytes)} ({t.peak_source})" if t.peak_memory_bytes else "–"
         )
         table.add_row(str(t.number), t.role, t.plan.describe(), t.state, t.outcome or "–",
-                      _throughput(t), measured, predicted, t.reason or "")  # fmt: skip
+                      _throughput(t), measured, predicted, _costs(t), t.reason or "")  # fmt: skip
     print_table(table)
     _render_recommendation(record)
     for path in written:

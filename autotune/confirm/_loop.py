@@ -12,12 +12,13 @@ from typing import Any
 from autotune.confirm._records import ConfirmRecord, ConfirmStep, Measured
 from autotune.confirm._verdict import decide
 from autotune.policy import Suggestion, suggest
-from autotune.records import AUTOCAST_PLAN_PRECISION, Plan, ProfileRecord
+from autotune.records import AUTOCAST_PLAN_PRECISION, NotApplicable, Plan, ProfileRecord
 
 Progress = Callable[[str], None]
 Measure = Callable[[Plan, Plan], Mapping[str, Any]]
 """``(before, after) -> {ratios, before_step_s, after_step_s, loss_before, loss_after,
-peak_bytes_before, peak_bytes_after}`` from interleaved A/B repeats."""
+peak_bytes_before, peak_bytes_after}`` from interleaved A/B repeats; raises
+:class:`~autotune.records.NotApplicable` for a change the model file cannot take."""
 
 IN_PROCESS_KNOBS = frozenset(
     {
@@ -116,6 +117,10 @@ def _try(
         )
     try:
         measured = dict(measure(current, proposal.plan))
+    except NotApplicable as exc:
+        # Never an A/B of two identical plans: nothing changed, so nothing is measured.
+        why = f"not applied automatically: {exc}"
+        return ConfirmStep(**common, predicted=proposal.predicted, status="not_applicable", why=why)
     except (RuntimeError, NotImplementedError) as exc:
         # A change the model cannot take (e.g. no such attention kernel) is a rejection, not a crash.
         why = f"could not run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -152,6 +157,9 @@ def _notes(log: list[ConfirmStep]) -> list[str]:
     notes = []
     if any(step.status == "not_confirmable" for step in log):
         notes.append("ZeRO, offload and DeepSpeed 16-bit weights are measured by `autotune tune`")
+    if any(step.status == "not_applicable" for step in log):
+        notes.append("a change marked not_applicable needs the code change in its why: "
+                     "autotune could not apply it to this model file, so it measured nothing")  # fmt: skip
     if not log:
         notes.append("the policy proposed nothing for this model and machine")
     return notes

@@ -37,7 +37,11 @@ class ConfirmStep(Record):
     plan: Plan
     predicted: Predicted
     measured: Measured | None = None
-    status: Literal["kept", "rejected", "not_confirmable"]
+    status: Literal["kept", "rejected", "not_confirmable", "not_applicable"] = Field(
+        description="not_confirmable: needs DeepSpeed engines (tune measures it); "
+        "not_applicable: this model file cannot take the change automatically (why says the "
+        "code change), so nothing was measured"
+    )
     why: str
 
 

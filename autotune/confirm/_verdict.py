@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-_COVERAGE = 0.9
+from autotune.records import median_interval
 
 
 @dataclass(frozen=True)
@@ -19,28 +19,6 @@ class Verdict:
     interval: tuple[float, float]
     loss_delta: float | None
     why: str
-
-
-def median_interval(values: Sequence[float], coverage: float = _COVERAGE) -> tuple[float, float]:
-    """A distribution-free interval for the median: order statistics from the binomial(n, 1/2).
-
-    With few values it widens to (min, max), which for n = 5 covers the median
-    with probability 1 - 2 / 2**5 = 0.94.
-    """
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        raise ValueError("no values")
-    lower = 0
-    # Widen inwards while the two tails together stay below 1 - coverage.
-    while lower + 1 < n - lower - 1 and 2 * _binomial_tail(n, lower + 2) <= 1 - coverage:
-        lower += 1
-    return ordered[lower], ordered[n - 1 - lower]
-
-
-def _binomial_tail(n: int, k: int) -> float:
-    """P(X < k) for X ~ binomial(n, 1/2)."""
-    return sum(math.comb(n, i) for i in range(k)) / 2**n
 
 
 def decide(

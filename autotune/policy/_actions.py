@@ -55,14 +55,27 @@ def _compile(facts: Facts, params: Params) -> Changes:
 
 
 def _checkpoint(facts: Facts, params: Params) -> Changes:
+    """To fit (the fewest blocks), or for a larger micro-batch predicted faster; never else.
+
+    Recomputation alone only costs time (METHOD.md section 5).
+    """
     if facts.block_count is None:
         return {}
-    if facts.checkpoint_blocks_to_fit is not None:
-        return {"checkpoint_blocks": facts.checkpoint_blocks_to_fit}
-    # Nothing fits or no budget: every block is the most the knob can save.
-    share = facts.activation_share
-    if share is not None and share >= float(params["all_blocks_above_share"]):  # type: ignore[arg-type]
-        return {"checkpoint_blocks": facts.block_count}
+    if facts.fits is False:
+        if facts.checkpoint_blocks_to_fit is not None:
+            return {"checkpoint_blocks": facts.checkpoint_blocks_to_fit}
+        # Nothing fits even so: every block is the most the knob can save; sharding follows.
+        share = facts.activation_share
+        if share is not None and share >= float(params["all_blocks_above_share"]):  # type: ignore[arg-type]
+            return {"checkpoint_blocks": facts.block_count}
+        return {}
+    micro, blocks = facts.checkpoint_micro_batch, facts.checkpoint_micro_batch_blocks
+    if facts.fits and micro is not None and blocks:
+        plan = facts.plan
+        samples = (facts.target_global_batch // plan.world_size if facts.target_global_batch
+                   else plan.micro_batch * plan.grad_accum)  # fmt: skip
+        return {"checkpoint_blocks": blocks, "micro_batch": micro,
+                "grad_accum": max(1, samples // micro)}  # fmt: skip
     return {}
 
 
@@ -112,10 +125,17 @@ ACTIONS: dict[str, Action] = {
     ),
     "compile": Action(frozenset({"compile"}), _compile),
     "checkpoint_to_fit": Action(
-        frozenset({"checkpoint_blocks"}),
+        frozenset({"checkpoint_blocks", "micro_batch", "grad_accum"}),
         _checkpoint,
         {"all_blocks_above_share": 0.5},
-        uses=("checkpoint_blocks_to_fit", "block_count", "activation_share", "peak_bytes"),
+        uses=(
+            "checkpoint_blocks_to_fit",
+            "block_count",
+            "activation_share",
+            "peak_bytes",
+            "checkpoint_micro_batch",
+            "checkpoint_micro_batch_ratio",
+        ),  # fmt: skip
     ),
     "keep_global_batch": Action(
         frozenset({"micro_batch", "grad_accum"}),

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.estimator import facts_from_profile
+from autotune.estimator import facts_from_profile, fit_step_time
 from autotune.policy._actions import ACTIONS
 from autotune.policy._facts import Facts
 from autotune.policy._loader import Policy, Rule, load_policy
 from autotune.policy._profile_facts import FactBuilder, Machine
 from autotune.policy._records import Evidence, Predicted, Suggestion, SuggestRecord
-from autotune.records import AutotuneError, Plan, ProfileRecord
+from autotune.records import AutotuneError, Plan, ProfileRecord, format_bytes
 
 
 def suggest(
@@ -27,6 +27,7 @@ def suggest(
     start: Plan | None = None,
     skip_rules: Collection[str] = (),
     profile_path: str | None = None,
+    more_profiles: Sequence[ProfileRecord] = (),
 ) -> SuggestRecord:
     """Apply the policy to a profile: every change that applies, in order, stacked.
 
@@ -41,13 +42,19 @@ def suggest(
         start: the plan to build on (default: the profiled plan); confirm passes what it kept.
         skip_rules: rule ids not to apply (confirm passes the rejected ones).
         profile_path: the profile's file name, for the record.
+        more_profiles: profiles of the same model at another batch size (or with
+            checkpointing switched) that the step-time model is fitted to; without one,
+            no micro-batch is predicted faster than another.
 
     Returns:
         The suggestions in order, each with its stacked plan, evidence and prediction.
     """
     machine = _machine(profile, device_memory, world_size, gpus_per_node, inter_gbps, global_batch)
     policy = load_policy(policy_path)
-    builder = FactBuilder(profile, facts_from_profile(profile), machine)
+    model = facts_from_profile(profile)
+    for other in more_profiles:
+        model = fit_step_time(model, other)
+    builder = FactBuilder(profile, model, machine)
     plan = start or builder.baseline
     suggestions: list[Suggestion] = []
     for step in _steps(policy):
@@ -64,6 +71,7 @@ def suggest(
         policy=policy.path,
         baseline=builder.baseline,
         device_memory_bytes=machine.device_memory,
+        budget_source=machine.budget_source,
         world_size=machine.world_size,
         gpus_per_node=machine.gpus_per_node,
         inter_gbps=inter_gbps,
@@ -101,10 +109,20 @@ def _machine(
         raise AutotuneError(f"--inter-gbps: {inter_gbps} must be positive")
     if global_batch is not None and global_batch < 1:
         raise AutotuneError(f"--global-batch: {global_batch} must be at least 1")
-    budget = device_memory
+    budget, source = device_memory, "given" if device_memory is not None else None
     if budget is None and profile.config.device == "cuda":
-        budget = profile.environment.device_memory_bytes
-    return Machine(budget, world_size, per_node, inter_gbps, global_batch)
+        budget, source = profile.environment.device_memory_bytes, "device"
+    elif budget is None and profile.config.device == "cpu":
+        budget, source = available_memory(), "available_ram"
+    return Machine(budget, world_size, per_node, inter_gbps, global_batch,
+                   budget_source=source)  # type: ignore[arg-type]  # fmt: skip
+
+
+def available_memory() -> int:
+    """This machine's available memory in bytes (psutil): the budget of a CPU step."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def _steps(policy: Policy) -> list[list[Rule]]:
@@ -154,6 +172,8 @@ def _predict(builder: FactBuilder, before: Facts, plan: Plan, after: Plan) -> Pr
         ratio, time_source = _loader_ratio(builder, plan, after), "formula"
     elif est_before.predicted_step_time_ratio and est_after.predicted_step_time_ratio is not None:
         ratio = est_after.predicted_step_time_ratio / est_before.predicted_step_time_ratio
+        # A change of the samples per step is compared per sample: that is its speed.
+        ratio *= plan.global_batch / after.global_batch
     peak_before = before.peak_bytes
     return Predicted(
         peak_bytes_before=peak_before,
@@ -178,10 +198,32 @@ def _loader_ratio(builder: FactBuilder, plan: Plan, after: Plan) -> float | None
 
 def _notes(builder: FactBuilder, plan: Plan) -> list[str]:
     notes = []
-    if builder.machine.device_memory is None:
+    machine = builder.machine
+    if machine.device_memory is None:
         notes.append(
             "no device memory budget (--device-memory): fits is unknown, rules that test it stay silent"
         )
+    elif machine.budget_source == "available_ram":
+        notes.append(f"budget: {format_bytes(machine.device_memory)}, this machine's available "
+                     "memory (psutil), since no --device-memory was given for this CPU profile")  # fmt: skip
+    notes.extend(_slower_note(builder, plan))
     if plan.uses_deepspeed:
         notes.append("the final plan needs DeepSpeed: `autotune config` writes its config")
     return notes
+
+
+def _slower_note(builder: FactBuilder, plan: Plan) -> list[str]:
+    """Why the final plan is predicted slower than the baseline (per sample), when it is."""
+    baseline = builder.baseline
+    before = builder.estimate(baseline).predicted_step_time_ratio
+    after = builder.estimate(plan).predicted_step_time_ratio
+    if not before or after is None:
+        return []
+    ratio = (after / plan.global_batch) / (before / baseline.global_batch)
+    if ratio <= 1.0:
+        return []
+    if builder.facts(builder.baseline).fits is False:
+        why = "it exists to fit: the baseline is predicted not to"
+    else:
+        why = "the baseline is predicted to fit, so a change here costs speed"
+    return [f"the final plan is predicted x{ratio:.2f} the baseline's time per sample; {why}"]

@@ -54,6 +54,17 @@ class Facts(Record):
     amp_peak_ratio: float | None = Field(
         None, description="predicted peak with bf16 autocast / now"
     )
+    checkpoint_micro_batch: int | None = Field(
+        None,
+        description="a larger micro-batch that fits only with checkpointing and is predicted "
+        "faster than any plan without it (None: checkpointing buys no speed)",
+    )
+    checkpoint_micro_batch_blocks: int | None = Field(
+        None, description="the fewest checkpointed blocks with which that micro-batch fits"
+    )
+    checkpoint_micro_batch_ratio: float | None = Field(
+        None, description="its predicted step time / the fastest plan's without checkpointing"
+    )
     sources: dict[str, Source] = Field(default_factory=dict)
 
     def value(self, name: str) -> object:
@@ -110,6 +121,9 @@ FACT_KINDS: dict[str, FactKind] = {
     "micro_batch_to_fit": "count",
     "step_time_ratio": "ratio",
     "amp_peak_ratio": "ratio",
+    "checkpoint_micro_batch": "count",
+    "checkpoint_micro_batch_blocks": "count",
+    "checkpoint_micro_batch_ratio": "ratio",
     **_PLAN_FACTS,
 }
 """Every fact name a policy may use, with the kind of value it holds."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from autotune.estimator import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
 from autotune.policy._facts import Facts, Source
@@ -22,6 +23,9 @@ class Machine:
     inter_gbps: float | None = None
     global_batch: int | None = None
     margin: float = DEFAULT_MARGIN
+    budget_source: Literal["given", "device", "available_ram"] | None = None
+    """Where ``device_memory`` came from: the user, the profiled GPU, or (CPU, nothing
+    given) this machine's available memory."""
 
     @property
     def nodes(self) -> int:
@@ -107,6 +111,7 @@ class FactBuilder:
         self.baseline = baseline_plan(profile, machine)
         self._static = static_facts(profile, machine)
         self._cache: dict[Plan, PlanEstimate] = {}
+        self._facts: dict[Plan, Facts] = {}
 
     def estimate(self, plan: Plan) -> PlanEstimate:
         """The estimate of one plan (cached: the searches below ask for many)."""
@@ -122,7 +127,13 @@ class FactBuilder:
         return self._cache[plan]
 
     def facts(self, plan: Plan) -> Facts:
-        """Facts for ``plan``: measured where it is the profiled plan, else predicted."""
+        """Facts for ``plan``: measured where it is the profiled plan, else predicted (cached:
+        every rule group asks again until a change is made)."""
+        if plan not in self._facts:
+            self._facts[plan] = self._build_facts(plan)
+        return self._facts[plan]
+
+    def _build_facts(self, plan: Plan) -> Facts:
         measured = self._same_memory_as_baseline(plan)
         memory = self._measured_memory() if measured else self._predicted_memory(plan)
         input_share, input_source = self.input_share(plan)
@@ -135,9 +146,15 @@ class FactBuilder:
             "micro_batch_to_fit",
             "step_time_ratio",
             "amp_peak_ratio",
+            "checkpoint_micro_batch",
+            "checkpoint_micro_batch_blocks",
+            "checkpoint_micro_batch_ratio",
         ):
             sources[name] = "formula"
         sources["input_share"] = input_source
+        if self.machine.budget_source == "available_ram":
+            sources["device_memory"] = "measured"
+        gain = self.checkpoint_gain(plan)
         return Facts(
             plan=plan,
             **self._static,  # type: ignore[arg-type]
@@ -147,8 +164,59 @@ class FactBuilder:
             checkpoint_blocks_to_fit=self._smallest_checkpoint_that_fits(plan),
             micro_batch_to_fit=self._largest_micro_batch_that_fits(plan),
             amp_peak_ratio=self._amp_peak_ratio(plan),
+            checkpoint_micro_batch=gain[0].micro_batch if gain else None,
+            checkpoint_micro_batch_blocks=gain[0].checkpoint_blocks if gain else None,
+            checkpoint_micro_batch_ratio=gain[1] if gain else None,
             sources=sources,
         )
+
+    def checkpoint_gain(self, plan: Plan) -> tuple[Plan, float] | None:
+        """A larger micro-batch that fits only with checkpointing and is predicted faster
+        than every plan without checkpointing that fits; with its step-time ratio to the
+        fastest of those (``None``: checkpointing buys no speed here).
+
+        Candidates keep the samples per device per step (the target global batch, else
+        the plan's micro-batch x accumulation), with the fewest blocks that fit.
+        """
+        blocks = self._static["block_count"]
+        if self.machine.device_memory is None or not isinstance(blocks, int) or not blocks:
+            return None
+        if self._per_device_samples(plan) % plan.micro_batch:
+            return None
+        # Every candidate, this plan included, at the same samples per step.
+        plain = self._with_micro_batch(plan.with_changes(checkpoint_blocks=0), plan.micro_batch)
+        options = [self._with_micro_batch(plain, m) for m in self._larger_micro_batches(plan)]
+        fitting = [p for p in [plain, *options] if self._fits(p)]
+        buying = []
+        for option in options:
+            if option in fitting:
+                continue
+            k = self._smallest_checkpoint_that_fits(option)
+            if k is not None:
+                buying.append(option.with_changes(checkpoint_blocks=k))
+        best_plain = min((t for t in map(self._seconds, fitting) if t), default=None)
+        timed = [(p, t) for p, t in ((p, self._seconds(p)) for p in buying) if t]
+        if best_plain is None or not timed:
+            return None
+        best, seconds = min(timed, key=lambda pair: pair[1])
+        return (best, seconds / best_plain) if seconds < best_plain else None
+
+    def _seconds(self, plan: Plan) -> float | None:
+        return self.estimate(plan).predicted_step_time_ratio
+
+    def _per_device_samples(self, plan: Plan) -> int:
+        target = self.machine.global_batch
+        if target and target % plan.world_size == 0:
+            return target // plan.world_size
+        return plan.micro_batch * plan.grad_accum
+
+    def _larger_micro_batches(self, plan: Plan) -> list[int]:
+        samples = self._per_device_samples(plan)
+        return [m for m in range(plan.micro_batch + 1, samples + 1) if samples % m == 0]
+
+    def _with_micro_batch(self, plan: Plan, micro: int) -> Plan:
+        return plan.with_changes(micro_batch=micro,
+                                 grad_accum=self._per_device_samples(plan) // micro)  # fmt: skip
 
     def input_share(self, plan: Plan) -> tuple[float | None, Source]:
         """Share of the step spent waiting for data: measured, or predicted with workers.

@@ -24,7 +24,10 @@ class Predicted(Record):
     peak_bytes_before: int | None
     peak_bytes_after: int | None
     fits_after: bool | None
-    step_time_ratio: float | None = Field(description="step time after / before; < 1 is faster")
+    step_time_ratio: float | None = Field(
+        description="step time after / before; < 1 is faster. A change of the samples per "
+        "step (micro-batch x accumulation) is compared per sample"
+    )
     memory_source: Literal["measured", "formula", "traced"]
     time_source: Literal["measured", "formula", "traced"] | None
 
@@ -49,6 +52,11 @@ class SuggestRecord(Record):
     policy: str
     baseline: Plan
     device_memory_bytes: int | None
+    budget_source: Literal["given", "device", "available_ram"] | None = Field(
+        default=None,
+        description="where the budget came from: --device-memory, the profiled GPU, or this "
+        "machine's available memory for a CPU profile",
+    )
     world_size: int
     gpus_per_node: int
     inter_gbps: float | None

@@ -5,7 +5,7 @@ the one error type, atomic JSON I/O and unit parsing. No stage logic lives here.
 from __future__ import annotations
 
 from autotune.records._base import Record
-from autotune.records._errors import AutotuneError, Terminated, sigterm_unwinds
+from autotune.records._errors import AutotuneError, NotApplicable, Terminated, sigterm_unwinds
 from autotune.records._io import (
     RecordT,
     atomic_write_bytes,
@@ -44,10 +44,12 @@ from autotune.records._profile import (
     Throughput,
 )
 from autotune.records._recommendation import CodeChange, MeasuredPlan, Recommendation
+from autotune.records._stats import COVERAGE, median_interval, relative_half_width
 from autotune.records._units import format_bytes, format_count, parse_bytes, parse_count
 
 __all__ = [
     "AUTOCAST_PLAN_PRECISION",
+    "COVERAGE",
     "ActivationFit",
     "AtPeak",
     "Attention",
@@ -61,6 +63,7 @@ __all__ = [
     "MemoryBreakdown",
     "ModelInfo",
     "ModuleBytes",
+    "NotApplicable",
     "NvmlSample",
     "Offload",
     "Plan",
@@ -81,12 +84,14 @@ __all__ = [
     "format_bytes",
     "format_count",
     "format_plan",
+    "median_interval",
     "parse_bytes",
     "parse_count",
     "parse_plan",
     "read_json",
     "read_record",
     "sigterm_unwinds",
+    "relative_half_width",
     "validate_record",
     "write_record",
 ]

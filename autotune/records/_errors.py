@@ -1,4 +1,5 @@
-"""The error types that reach users: a fixable problem (one line, exit 2) and SIGTERM."""
+"""The error types that reach users: a fixable problem (one line, exit 2), SIGTERM, and the
+signal that a plan's knob cannot be applied to this model file."""
 
 from __future__ import annotations
 
@@ -53,3 +54,11 @@ def sigterm_unwinds() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class NotApplicable(Exception):
+    """A knob of a plan that cannot be applied to this model file automatically.
+
+    Raised before anything is measured, so nothing is reported as measured for it;
+    the message says why and which code change the user must make instead.
+    """

@@ -113,7 +113,9 @@ def confirm_rows(record: ConfirmRecord, suggestions: SuggestRecord | None) -> li
             evidence=evidence.get(step.rule, {}),
             predicted=predicted_effect(step.predicted),
             measured=measured_effect(step.measured),
-            kept=None if step.status == "not_confirmable" else step.status == "kept",
+            kept=None
+            if step.status in ("not_confirmable", "not_applicable")
+            else step.status == "kept",
             predicted_ratio=step.predicted.step_time_ratio,
             measured_ratio=step.measured.step_time_ratio if step.measured else None,
             measured_interval=step.measured.ratio_interval if step.measured else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from autotune.records import AutotuneError, Plan
+from autotune.records import AutotuneError, NotApplicable, Plan
 from autotune.runtime import device as dev
 from autotune.runtime.modelfile import ModelFile
 from autotune.runtime.step import TrainRunner, runner_for_plan
@@ -27,9 +27,16 @@ def measure(
 
     Both arms are built from the same seed and read the same batches in the
     same order, so their losses over the same steps are comparable.
+
+    Raises:
+        NotApplicable: ``after`` changes a loader knob this model file cannot take.
     """
     if steps < 1 or repeats < 1:
         raise AutotuneError("--steps and --repeats must be at least 1")
+    blocked = loader_change_blocked(model_file, before, after)
+    if blocked is not None:
+        # Both arms would read batches the same way: an A/B of two identical plans.
+        raise NotApplicable(blocked)
     arms = (
         runner_for_plan(model_file, before, device=device),
         runner_for_plan(model_file, after, device=device),
@@ -65,6 +72,15 @@ def measure(
         "peak_bytes_before": max(peaks[0]) if peaks[0] else None,
         "peak_bytes_after": max(peaks[1]) if peaks[1] else None,
     }
+
+
+def loader_change_blocked(model_file: ModelFile, before: Plan, after: Plan) -> str | None:
+    """Why the loader knobs ``after`` changes cannot be applied to this file (``None``: they can,
+    or it changes none)."""
+    knobs = ("dataloader_workers", "pin_memory")
+    if all(getattr(before, knob) == getattr(after, knob) for knob in knobs):
+        return None
+    return model_file.loader_knobs_blocked(after.micro_batch)
 
 
 def _block(runner: TrainRunner, steps: int, settle: int) -> tuple[float, list[float], int | None]:

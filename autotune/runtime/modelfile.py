@@ -113,6 +113,32 @@ class ModelFile:
             return self._batch_stream(build_batch, batch_size)
         return self._loader_stream(batch_size, workers, pin_memory)
 
+    def loader_knobs_blocked(self, batch_size: int) -> str | None:
+        """Why DataLoader workers and pinned memory cannot be applied to this file automatically,
+        with the code change that would let them (``None``: they can).
+
+        Only a ``torch.utils.data.DataLoader`` from ``build_dataloader`` can be rebuilt with
+        other ``num_workers``/``pin_memory``; a plain iterable or ``build_batch`` makes each
+        batch in the training process, whatever the plan says.
+        """
+        change = ("put the per-sample work in a torch.utils.data.Dataset (or IterableDataset) and "
+                  "return torch.utils.data.DataLoader(dataset, batch_size=batch_size, "
+                  "num_workers=4, persistent_workers=True, pin_memory=True on CUDA) "
+                  "from build_dataloader(batch_size)")  # fmt: skip
+        if self._hook("build_batch") is not None:
+            return f"build_batch() makes every batch in the training process; change: {change}"
+        what = f"build_dataloader({batch_size})"
+        hook = self._hook("build_dataloader")
+        assert hook is not None  # load_model_file checked one of the two exists
+        loader = self.call(what, hook, batch_size)
+        if isinstance(loader, torch.utils.data.DataLoader):
+            return None
+        close = getattr(loader, "close", None)  # a generator that never ran
+        if callable(close):
+            close()
+        return (f"{what} returns a {type(loader).__name__}, not a torch.utils.data.DataLoader, "
+                f"so autotune cannot give it workers; change: {change}")  # fmt: skip
+
     def _batch_stream(self, hook: Callable[..., Any], batch_size: int) -> Iterator[Any]:
         while True:
             yield self.call(f"build_batch({batch_size})", hook, batch_size)

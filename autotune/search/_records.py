@@ -13,7 +13,7 @@ SCHEMA_VERSION = 1
 
 Outcome = Literal["ok", "oom", "timeout", "crash"]
 TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
-Role = Literal["policy", "baseline", "search"]
+Role = Literal["policy", "baseline", "predicted", "search"]
 
 
 class TrialSettings(_Record):
@@ -29,6 +29,16 @@ class TrialSettings(_Record):
     )
     timeout_s: float = Field(default=600.0, gt=0, description="hard limit per launch")
     seed: int = 0
+    interval_width: float | None = Field(
+        default=None,
+        gt=0,
+        description="keep measuring until the median step time's interval is within this "
+        "relative half-width (0.05: +-5 %); None: exactly `steps` steps",
+    )
+    max_steps: int = Field(default=20, ge=1, description="cap on measured steps (with a width)")
+    max_measure_s: float = Field(
+        default=15.0, gt=0, description="cap on seconds of measured steps (with a width)"
+    )
 
 
 class WorkerSpec(_Record):
@@ -59,6 +69,9 @@ class TrialResult(_Record):
     tokens_per_s: float | None = None
     step_time: float | None = Field(default=None, description="median seconds per optimizer step")
     step_times: list[float] = Field(default_factory=list)
+    step_interval: tuple[float, float] | None = Field(
+        default=None, description="the median step time's interval (order statistics, >= 90 %)"
+    )
     split: StepSplit | None = None
     peak_memory_bytes: list[int] = Field(
         default_factory=list,
@@ -88,6 +101,15 @@ class TrialResult(_Record):
     error: str | None = Field(
         default=None, description="exception type and message, if the step raised"
     )
+    first_step_at: float | None = Field(
+        default=None, description="wall clock (time.time) when the first step began"
+    )
+    steps_s: float | None = Field(
+        default=None, description="seconds of all steps run (warm-up and measured)"
+    )
+    reused: bool = Field(
+        default=False, description="whether the worker process had run a trial before this one"
+    )
 
     @property
     def peak(self) -> int | None:
@@ -106,6 +128,17 @@ class RunReport(_Record):
     launches: int = Field(
         1, description="launch attempts, retries after rendezvous failures included"
     )
+    fixed_s: float | None = Field(
+        default=None,
+        description="seconds from the request (a launch, or a request to a live worker) "
+        "to the start of the trial's first step: start-up, model and engine build",
+    )
+
+    def with_fixed_cost(self, requested_at: float) -> RunReport:
+        """This report with ``fixed_s`` from the wall-clock time the trial was requested."""
+        first = self.result.first_step_at if self.result is not None else None
+        fixed = max(first - requested_at, 0.0) if first is not None else None
+        return self.model_copy(update={"fixed_s": fixed})
 
 
 class TrialRecord(_Record):
@@ -126,6 +159,20 @@ class TrialRecord(_Record):
     prediction_source: str | None = None
     stderr_tail: str | None = None
     duration_s: float | None = None
+    fixed_s: float | None = Field(
+        default=None, description="request to first step: start-up, model and engine build"
+    )
+    steps_s: float | None = Field(default=None, description="seconds of the trial's steps")
+    steps_measured: int | None = None
+    step_interval: tuple[float, float] | None = Field(
+        default=None, description="the median step time's interval (order statistics, >= 90 %)"
+    )
+    reused_worker: bool | None = Field(
+        default=None, description="whether a live worker from an earlier trial ran it"
+    )
+    predicted_step_ratio: float | None = Field(
+        default=None, description="predicted step time over the baseline's (the estimate)"
+    )
 
 
 class Comparison(_Record):

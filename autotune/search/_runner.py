@@ -214,6 +214,7 @@ class SubprocessRunner(TrialRunner):
             )
             spec_path = write_record(folder / "spec.json", spec)
             port = free_port()
+            requested_at = time.time()
             returncode, timed_out, duration = self._wait(
                 self.command(plan, spec_path, port),
                 self.child_env(plan, settings, port),
@@ -228,7 +229,7 @@ class SubprocessRunner(TrialRunner):
             result=result,
             stderr_tail=tail,
             duration_s=duration,
-        )
+        ).with_fixed_cost(requested_at)
 
     def _wait(
         self, cmd: list[str], env: dict[str, str], log: Path, timeout: float

@@ -22,6 +22,8 @@ class Prediction:
     peak_bytes: int | None = None
     source: str | None = None
     reason: str | None = None
+    step_time_ratio: float | None = None
+    """Predicted step time over a reference plan's (``None``: not predicted)."""
 
 
 Predict = Callable[[Plan], Prediction]

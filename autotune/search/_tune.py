@@ -16,6 +16,7 @@ from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import TrialRecord, TrialSettings, TuneRecord
 from autotune.search._runner import TrialRunner
 from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
+from autotune.search._steer import FRONT_SIZE, predicted_front, slower_than_best
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,29 @@ class _Search:
                  settings: TrialSettings, predict: Predict | None) -> None:  # fmt: skip
         self.study, self.space, self.runner = study, space, runner
         self.settings, self.predict = settings, predict
+        self._predictions: dict[Plan, Prediction] = {}
+
+    def prediction(self, plan: Plan) -> Prediction | None:
+        """The estimate of ``plan`` (``None`` without one); each plan is predicted once."""
+        if self.predict is None:
+            return None
+        if plan not in self._predictions:
+            self._predictions[plan] = self.predict(plan)
+        return self._predictions[plan]
+
+    def worth_running(self, records: list[TrialRecord]) -> bool:
+        """Whether a plan is left that is queued, or not yet measured and not predicted
+        (to miss the budget, or to be slower than the best measured beyond the error bar)."""
+        if self.predict is None or any(r.state in ("waiting", "running") for r in records):
+            return True
+        tried = {r.plan for r in records if r.outcome is not None}
+        for plan in self.space.all_plans():
+            prediction = self.prediction(plan)
+            if plan in tried or (prediction is not None and not prediction.fits):
+                continue
+            if slower_than_best(prediction, records) is None:
+                return True
+        return False
 
     def step(self) -> TrialRecord:
         """Ask for one plan and decide it: pruned without running, or run and measured.
@@ -83,30 +107,32 @@ class _Search:
         The trial beats its heartbeat while it runs. An exception on the way (an
         interrupt included) gives the trial back: failed, and its plan queued again.
         """
-        trial, plan, _role = _study.ask(self.study, self.space)
+        trial, plan, role = _study.ask(self.study, self.space)
         try:
             with _shared.Heartbeat(self.study, trial):
-                return self._decide(trial, plan)
+                return self._decide(trial, plan, role)
         except BaseException as exc:  # SIGINT, SIGTERM (Terminated), a lost storage, a bug
             with contextlib.suppress(Exception):
                 _study.give_back(self.study, trial, _why_stopped(exc))
             raise
 
-    def _decide(self, trial: Any, plan: Plan) -> TrialRecord:
+    def _decide(self, trial: Any, plan: Plan, role: str) -> TrialRecord:
         from optuna.trial import TrialState as State
 
         others = [r for r in _study.records(self.study) if r.number != trial.number]
-        prediction = self.predict(plan) if self.predict is not None else None
+        prediction = self.prediction(plan)
         reason = self._skip_reason(plan, others, trial.number, prediction)
+        if reason is None and role not in ("policy", "baseline"):
+            reason = slower_than_best(prediction, others)
         if reason is None:
             # Look again: a worker that asked just before us may have named its plan since.
             again = [r for r in _study.records(self.study) if r.number != trial.number]
             reason = self._skip_reason(plan, again, trial.number, None)
         fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
         if prediction is not None:
-            fields.update(
-                predicted_peak_bytes=prediction.peak_bytes, prediction_source=prediction.source
-            )
+            fields.update(predicted_peak_bytes=prediction.peak_bytes,
+                          prediction_source=prediction.source,
+                          predicted_step_ratio=prediction.step_time_ratio)  # fmt: skip
         _study.store(trial, fields)
         outcome = fields.get("outcome")
         value = fields.get("tokens_per_s") or fields.get("samples_per_s")
@@ -147,9 +173,13 @@ class _Search:
             "duration_s": report.duration_s,
             "stderr_tail": report.stderr_tail[-2000:] if outcome != "ok" else None,
         }
+        if result is not None:
+            fields.update(fixed_s=report.fixed_s, steps_s=result.steps_s,
+                          reused_worker=result.reused)  # fmt: skip
         if result is not None and result.completed_steps > 0:
             fields.update(peak_memory_bytes=result.peak, peak_source=result.peak_source,
-                          step_time=result.step_time)  # fmt: skip
+                          step_time=result.step_time, step_interval=result.step_interval,
+                          steps_measured=len(result.step_times) or None)  # fmt: skip
             if outcome == "ok":
                 fields.update(samples_per_s=result.samples_per_s, tokens_per_s=result.tokens_per_s)
         return fields
@@ -177,6 +207,7 @@ def tune(
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
     finish: bool = False,
+    front: int = FRONT_SIZE,
 ) -> TuneRecord:
     """Search plans with real short trials and recommend the fastest that fits.
 
@@ -192,7 +223,9 @@ def tune(
         policy: the policy's plan, run first; its other knobs hold for all trials.
         baseline: the user's current configuration (default: the whole per-rank
             batch in one micro-batch, nothing else turned on).
-        predict: the estimate; plans it says cannot fit are pruned, never run.
+        predict: the estimate; plans it says cannot fit are pruned, never run; its
+            predicted front is measured early, and plans it predicts slower than the best
+            measured one beyond its error bar are skipped.
         trials: plans to measure in the study (pruned ones do not count).
         budget_s: stop starting trials after this many seconds of trial time.
         storage: Optuna RDB URL or sqlite path (default ``autotune-tune.db``);
@@ -208,6 +241,7 @@ def tune(
         progress: called after each trial.
         finish: start no trial; read the study's final comparison, or run it if no
             worker is still running trials.
+        front: plans of the predicted front enqueued after the policy's and the baseline.
 
     Returns:
         The record of all trials, the final comparison and the recommendation.
@@ -227,7 +261,7 @@ def tune(
     # SIGTERM unwinds like SIGINT: the running trial is given back, its group killed.
     with sigterm_unwinds():
         if not finish:
-            _start(study, space, runner, settings, base_plan, notes)
+            _start(study, space, runner, settings, base_plan, notes, predict, front)
             _run_study(_Search(study, space, runner, settings, predict), trials, budget_s,
                        progress, notes)  # fmt: skip
         return _finish(study, space, runner, settings, model_file, repeats, code_changes,
@@ -235,20 +269,40 @@ def tune(
 
 
 def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
-           base_plan: Plan, notes: list[str]) -> None:  # fmt: skip
-    """Queue the policy's plan and the baseline, and pay launcher start-up once."""
+           base_plan: Plan, notes: list[str], predict: Predict | None, front: int) -> None:  # fmt: skip
+    """Queue the policy's plan, the baseline and the predicted front; pay launcher start-up once."""
     policy_plan = _fit_micro_batch(space, space.base)
     if policy_plan == base_plan:
         _study.enqueue(study, space, base_plan, "baseline")
     else:
         _study.enqueue(study, space, policy_plan, "policy")
         _study.enqueue(study, space, base_plan, "baseline")
+        notes.extend(_policy_note(policy_plan, base_plan, predict))
+    if predict is not None:
+        for plan in predicted_front(space, predict, front):
+            _study.enqueue(study, space, plan, "predicted")
     shapes = [base_plan, policy_plan] + (
         [space.plan({"micro_batch": 1, "zero_stage": 1})] if space.world > 1 else []
     )
     warm = runner.warm_up(shapes, settings)
     if warm:
         notes.append(f"launcher start-up paid once before the study: {warm:.1f} s (not trial time)")
+
+
+def _policy_note(policy: Plan, baseline: Plan, predict: Predict | None) -> list[str]:
+    """Why the policy's plan goes first although it is predicted slower than the baseline."""
+    if predict is None:
+        return []
+    mine, theirs = predict(policy), predict(baseline)
+    if mine.step_time_ratio is None or not theirs.step_time_ratio:
+        return []
+    ratio = mine.step_time_ratio / theirs.step_time_ratio
+    if ratio <= 1.0:
+        return []
+    why = (f"it exists to fit: the baseline is predicted not to ({theirs.reason})"
+           if not theirs.fits else "the baseline is predicted to fit, so nothing requires it")  # fmt: skip
+    return [f"the policy's plan ({policy.describe()}) is predicted x{ratio:.2f} the baseline's "
+            f"step time; {why}"]  # fmt: skip
 
 
 def _run_study(search: _Search, trials: int, budget_s: float | None,
@@ -264,6 +318,13 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
             wait = 4 * search.settings.timeout_s + 3 * _study.heartbeat_interval(search.study)
             if (left is None or left > 0) and _shared.settle(search.study, notes, wait):
                 continue
+            return
+        existing = _study.records(search.study)
+        if not search.worth_running(existing):
+            measured = sum(1 for r in existing if r.outcome is not None and r.state != "running")
+            notes.append(f"stopped after {measured} measured trials: every plan not measured is "
+                         "predicted not to fit or to be slower than the best measured beyond the "
+                         "estimate's error bar")  # fmt: skip
             return
         record = search.step()
         asks += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,45 @@ def test_seed_throughput_rows_against_hand_counted_flops() -> None:
     assert f"{112.5 / (1240 * per_token / 1e12):.2f}x" in text.stdout  # 1.97x
     assert f"{185.2 / (2150 * recomputed / 1e12):.2f}x" in text.stdout  # 1.41x
     assert "312 TFLOPS" in text.stdout and "under the peak" in text.stdout
+
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 300,
+}
+ENTRY = (
+    "import sys\nsys.argv = ['autotune', *sys.argv[1:]]\nfrom autotune.cli import main\nmain()\n"
+)
+BLOCK_TORCH = (
+    "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n" + ENTRY
+)
+
+
+@pytest.mark.slow
+def test_a_traced_config_answers_again_without_torch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    args = ["estimate", "--hf-config", str(config), "--seq-len", "32", "-b", "2", "--json"]
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "AUTOTUNE_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
+
+    def run(code: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *code, *args], capture_output=True, text=True,
+                              env=env, timeout=300)  # fmt: skip
+
+    first = run(["-c", ENTRY])
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run(["-c", BLOCK_TORCH])  # torch and transformers cannot be imported
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout) == json.loads(first.stdout)
+    # Another config is traced anew (and here, without torch, cannot be).
+    config.write_text(json.dumps({**TINY_LLAMA, "hidden_size": 128}))
+    assert run(["-c", BLOCK_TORCH]).returncode != 0

@@ -28,6 +28,11 @@ from autotune.cli import app
         ),
         (["{model}", "--global-batch", "4", "--baseline", "mb=x"], "--baseline"),
         (["{model}", "--global-batch", "4", "--device-memory", "lots"], "--device-memory"),
+        (["{model}", "--global-batch", "4", "--interval", "1.5"], "--interval: 1.5"),
+        (
+            ["{model}", "--global-batch", "4", "--max-steps", "0"],
+            "--max-steps: must be >= 1 (got 0)",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str, examples_dir: Path,
@@ -55,6 +60,12 @@ def test_tune_end_to_end_writes_recommendation_and_ds_config(
     record = json.loads(done.stdout)  # stdout holds the record and nothing else
     measured = [t for t in record["trials"] if t["outcome"] is not None]
     assert len(measured) == 2
+    # Start-up and steps apart on every measured trial, with the median's interval.
+    for trial in measured:
+        assert trial["fixed_s"] is not None and trial["steps_s"] is not None
+        low, high = trial["step_interval"]
+        assert low <= trial["step_time"] <= high and trial["steps_measured"] >= 1
+    assert measured[1]["reused_worker"] is True
     assert record["trials"][0]["role"] in ("policy", "baseline")
     rec = json.loads((tmp_path / "recommendation.json").read_text())
     assert rec["source"] == "tune" and rec["plan"] == record["recommendation"]["plan"]

@@ -101,3 +101,25 @@ def test_profile_of_another_batch_size_is_a_user_error(examples_dir: Path, tmp_p
         ["confirm", str(examples_dir / "mlp_dataloader.py"), "-b", "4", "--profile", str(profile)],
     )
     assert result.exit_code == 2 and "differs from the profile's batch size 8" in result.stderr
+
+
+def test_a_loader_change_a_generator_cannot_take_is_never_measured(examples_dir: Path) -> None:
+    import inspect
+
+    from autotune.runtime.modelfile import load_model_file
+
+    model = examples_dir / "slow_generator.py"
+    # The file's loader really is a plain generator: nothing a DataLoader rebuild can reach.
+    assert inspect.isgenerator(load_model_file(model).module.build_dataloader(2))
+    record = confirm(model, batch_size=8, steps=1, repeats=1, warmup=0, max_changes=2)
+    first = record.steps[0]
+    assert first.rule == "input_bound" and first.change["dataloader_workers"] == 4
+    # Diagnosed input-bound (the rule needs a measured input share >= 0.2: 30 ms of sleep per
+    # batch), predicted much faster with workers...
+    assert first.predicted.step_time_ratio is not None and first.predicted.step_time_ratio < 0.5
+    # ...but a generator cannot have workers: no A/B of two identical plans is reported.
+    assert first.status == "not_applicable" and first.measured is None
+    assert "generator" in first.why and "DataLoader(dataset" in first.why
+    assert "num_workers=4" in first.why
+    assert record.final_plan.dataloader_workers == 0
+    assert all(step.rule != "input_bound" for step in record.steps[1:])

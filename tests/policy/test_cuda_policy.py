@@ -77,7 +77,13 @@ def test_the_budget_defaults_to_a_profiled_gpus_memory(tmp_path: Path) -> None:
 
     gpu, cpu = synthetic_profile(), synthetic_profile(device="cpu")
     assert gpu.environment.device_memory_bytes == 80 * GB
-    assert suggest(gpu).device_memory_bytes == 80 * GB and suggest(cpu).device_memory_bytes is None
+    assert suggest(gpu).device_memory_bytes == 80 * GB
+    # A CPU profile without --device-memory: the machine's available memory, said so.
+    import psutil
+
+    on_cpu = suggest(cpu)
+    assert on_cpu.device_memory_bytes == pytest.approx(psutil.virtual_memory().available, rel=0.1)
+    assert any("available memory" in note for note in on_cpu.notes)
     assert collect(ReportInputs(profile=gpu)).budget_bytes == 80 * GB
     assert collect(ReportInputs(profile=cpu)).budget_bytes is None
 

@@ -46,11 +46,20 @@ CASES = [
         None,
     ),
     (
-        "activations_dominate_no_budget",
+        # No budget on a CPU: the machine's available memory (64 GB here); the step fits, and
+        # recomputation alone only costs time, so nothing is checkpointed.
+        "activations_dominate_cpu_fits",
         {**SLOW_BF16_CPU, "activations_per_sample": 2 * GB},
         {},
+        None,
+        None,
+    ),
+    (
+        "cpu_over_available_memory",
+        {**SLOW_BF16_CPU, "activations_per_sample": 2 * GB},
+        {"available": 10 * GB},
         "activation_checkpointing",
-        {"checkpoint_blocks": 12},
+        None,
     ),
     (
         "model_states_one_device",
@@ -99,7 +108,11 @@ def test_first_suggestion(
     options: dict[str, Any],
     rule: str | None,
     change: dict[str, Any] | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    options = dict(options)
+    available = options.pop("available", 64 * GB)
+    monkeypatch.setattr("autotune.policy._advisor.available_memory", lambda: available)
     record = suggest(synthetic_profile(**profile_knobs), **options)
     if rule is None:
         assert record.suggestions == []

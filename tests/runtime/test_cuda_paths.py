@@ -20,7 +20,7 @@ import torch
 from _models import mlp_stack
 
 from autotune.records import Plan, read_record
-from autotune.runtime import ab, trial_worker
+from autotune.runtime import ab, trial_steps, trial_worker
 from autotune.runtime import device as dev
 from autotune.runtime import memory as mem
 from autotune.runtime.modelfile import load_model_file, rebuild_loader
@@ -265,7 +265,7 @@ def test_ab_blocks_report_the_allocator_peak(monkeypatch: pytest.MonkeyPatch, ml
 
 def test_trial_peaks_prefer_the_allocator_figure(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dev, "allocator_peak", lambda device: (11 * GiB, 12 * GiB))
-    assert trial_worker._cuda_peak(CUDA) == 11 * GiB
+    assert trial_steps.cuda_peak(CUDA) == 11 * GiB
     watch = trial_worker.MemoryWatch(None)
     try:
         on_gpu = trial_worker._peaks({"cuda": 11 * GiB, "live": 9 * GiB}, watch)

@@ -1,4 +1,4 @@
-"""The runner contract, passed by the fake and the real (subprocess) runner; timeouts; two ranks."""
+"""The runner contract, passed by the fake, the real (subprocess) and the pooled runner; timeouts; two ranks."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 import os
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -15,6 +16,7 @@ from _models import mlp_stack, mlp_stack_parameters
 from autotune.records import Plan
 from autotune.search import (
     FakeRunner,
+    PoolRunner,
     SubprocessRunner,
     TrialResult,
     TrialRunner,
@@ -53,11 +55,15 @@ def fake_behaviour(plan: Plan, settings: TrialSettings) -> TrialResult | str:
                        device_memory=settings.device_memory)  # fmt: skip
 
 
-@pytest.fixture(params=["fake", "subprocess"])
-def runner(request: pytest.FixtureRequest, tmp_path: Path) -> TrialRunner:
+@pytest.fixture(params=["fake", "subprocess", "pool"])
+def runner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TrialRunner]:
     if request.param == "fake":
-        return FakeRunner(fake_behaviour)
-    return SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials")
+        yield FakeRunner(fake_behaviour)
+    elif request.param == "subprocess":
+        yield SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials")
+    else:
+        with PoolRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials") as pool:
+            yield pool
 
 
 @pytest.fixture

@@ -1,0 +1,160 @@
+"""A trial on a DeepSpeed engine (ZeRO plans, 16-bit weights, several ranks), and what a worker
+that runs the next trial must drop of it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from autotune.runtime.trial_steps import Steps, cuda_peak, live_peak, load_cached, ranks
+from autotune.search import TrialResult, WorkerSpec
+
+
+def _cast_floats(batch: Any, dtype: Any) -> Any:
+    """16-bit-weight engines need floating inputs in the weights' dtype."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {key: _cast_floats(value, dtype) for key, value in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(_cast_floats(value, dtype) for value in batch)
+    return batch
+
+
+def _tensors_on(device: Any) -> list[Any]:
+    """Every tensor object alive in this process on ``device``'s type (a gc walk)."""
+    import gc
+    import warnings
+
+    import torch
+
+    found = []
+    with warnings.catch_warnings():  # isinstance on deprecated module proxies warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.Tensor) and obj.device.type == device.type:
+                    found.append(obj)
+            except Exception:  # proxies and half-built objects: not tensors we can size
+                continue
+    return found
+
+
+def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
+    import deepspeed
+    import torch
+
+    from autotune.emit import emit_deepspeed_config
+    from autotune.runtime.blocks import apply_checkpointing
+    from autotune.runtime.device import synchronize
+
+    plan = spec.plan
+    model_file = load_cached(spec.settings.model_file)
+    steps.watch.rebase()
+    torch.manual_seed(spec.settings.seed)
+    model = model_file.build_model()
+    apply_checkpointing(model, plan.checkpoint_blocks)
+    optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
+    parameters = sum(p.numel() for p in model.parameters())
+    # deepspeed.initialize parses it with DeepSpeed's own config class just below.
+    config = emit_deepspeed_config(plan, world_size=ranks()[1], parameters=parameters).config
+    # A torch client optimizer avoids compiling DeepSpeed's own (60-75 s per trial shape).
+    config["zero_allow_untested_optimizer"] = True
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    batches = model_file.batches(plan.micro_batch, workers=plan.dataloader_workers or None)
+    weights = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+    amp = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(plan.precision)
+    last: list[Any] = [None]
+
+    def micro() -> float:
+        batch = next(batches)
+        last[0] = batch
+        batch = model_file.move(batch, engine.device)
+        if weights is not None:
+            batch = _cast_floats(batch, weights)
+        autocast = (
+            torch.autocast(engine.device.type, dtype=amp) if amp else contextlib.nullcontext()
+        )
+        with autocast:
+            loss = model_file.loss(engine, batch)
+        engine.backward(loss)
+        engine.step()
+        return float(loss.detach().float())
+
+    def step() -> tuple[float, float]:
+        start = time.perf_counter()
+        loss = sum(micro() for _ in range(plan.grad_accum)) / plan.grad_accum
+        synchronize(engine.device)
+        return time.perf_counter() - start, loss
+
+    steps.run(step)
+    cuda = cuda_peak(engine.device)
+    # The engine's flat buffers and partitions are not all reachable from the model or
+    # the optimizer, so everything alive on the device counts as present at the start.
+    live = live_peak(engine.device, _tensors_on(engine.device), step)
+    tokens = model_file.tokens_per_sample(last[0])
+    device = engine.device
+    batches.close()
+    _forget(engine, model)
+    return {"split": None, "tokens": tokens, "device": device, "engine": "deepspeed",
+            "live": live, "cuda": cuda}  # fmt: skip
+
+
+def _forget(engine: Any, model: Any) -> None:
+    """Drop every reference DeepSpeed keeps to a finished engine, so a worker that runs
+    the next trial holds none of this one's tensors (its peak would count them).
+    """
+    with contextlib.suppress(Exception):
+        engine.destroy()  # hooks, ZeRO partitions
+    # ZeRO-3 puts the top module on a module-level stack it never pops (DeepSpeed 0.19).
+    from deepspeed.runtime.zero import parameter_offload
+
+    stack = getattr(parameter_offload, "FWD_MODULE_STACK", None)
+    if isinstance(stack, list):
+        stack[:] = [module for module in stack if module is not model]
+    # ... and caches a method per coordinator instance in a class-level lru_cache.
+    from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
+
+    for value in vars(coordinator.PartitionedParameterCoordinator).values():
+        _clear_caches(value)
+
+
+def _clear_caches(fn: Any, depth: int = 3) -> None:
+    """``cache_clear()`` every lru_cache inside ``fn``'s wrappers (``__wrapped__`` or closures)."""
+    if depth < 0 or fn is None:
+        return
+    clear = getattr(fn, "cache_clear", None)
+    if callable(clear):
+        clear()
+    inner = [getattr(fn, "__wrapped__", None)]
+    inner += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
+              if callable(getattr(cell, "cell_contents", None))]  # fmt: skip
+    for wrapped in inner:
+        _clear_caches(wrapped, depth - 1)
+
+
+def warm_launcher(spec: WorkerSpec) -> TrialResult:
+    """Start DeepSpeed once on a throw-away model: compiles and caches its comm op.
+
+    A plan that needs no DeepSpeed only imports torch (a live worker keeps it imported).
+    """
+    import torch
+
+    world = ranks()[1]
+    if not (spec.plan.uses_deepspeed or world > 1):
+        return TrialResult(engine="none")
+    import deepspeed
+
+    model = torch.nn.Linear(4, 4)
+    config = {
+        "train_batch_size": world,
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_allow_untested_optimizer": True,
+    }
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    _forget(engine, model)
+    return TrialResult(engine="deepspeed")

@@ -1,0 +1,187 @@
+"""What every trial worker shares: the memory guard, the step loop that measures until the median
+is known, the model file imported once per process, and the peak measures."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psutil
+
+from autotune.records import median_interval, relative_half_width
+from autotune.search import TrialResult, WorkerSpec
+
+
+class MemoryWatch:
+    """Samples this process's RSS in a thread: a guard, and RSS growth as an extra figure.
+
+    Above ``limit`` bytes the worker stops itself at once with a line the outcome
+    classifier reads as out-of-memory, long before the kernel's OOM killer would
+    pick a victim on a shared machine.
+    """
+
+    def __init__(self, limit: int | None, interval_s: float = 0.01) -> None:
+        self.process = psutil.Process()
+        self.base = self.process.memory_info().rss
+        self.peak = self.base
+        self.limit = limit
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name="autotune-memory-watch", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            rss = self.process.memory_info().rss
+            self.peak = max(self.peak, rss)
+            if self.limit is not None and rss > self.limit:
+                sys.stderr.write(f"autotune memory guard: RSS {rss} B > limit {self.limit} B\n")
+                sys.stderr.flush()
+                os._exit(3)
+
+    def rebase(self) -> None:
+        """Measure from here: the model file's own imports are not the plan's memory."""
+        self.base = self.peak = self.process.memory_info().rss
+        resource_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self._maxrss_at_base = resource_peak
+
+    def peak_delta(self) -> int:
+        """Peak RSS above the RSS before the model was built (bytes)."""
+        max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        # ru_maxrss only counts if it rose after the base (imports may have peaked higher).
+        grew = max_rss if max_rss > getattr(self, "_maxrss_at_base", 0) else 0
+        return max(self.peak, grew) - self.base
+
+    def stop(self) -> None:
+        """End the sampling thread."""
+        self._stop.set()
+
+
+_LOADED: dict[tuple[str, int, int], Any] = {}
+
+
+def load_cached(path: str) -> Any:
+    """The model file, imported once per process and version of the file.
+
+    A worker that runs many trials must not import the file again per trial: each import
+    is a new module with its own globals, which a fresh worker would hold only once.
+    """
+    from autotune.runtime.modelfile import load_model_file
+
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = load_model_file(path)
+    return _LOADED[key]
+
+
+def ranks() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) -> int:
+    """Most live tensor bytes on ``device`` during ``step()``, ``existing`` tensors included.
+
+    The same measure as ``autotune profile``'s ``cpu_live_tensors`` peak
+    (:class:`~autotune.runtime.memory.LiveTensorTracker`). The dispatch mode
+    slows every op, so callers run it on one extra step that is not timed.
+    """
+    from autotune.runtime.memory import LiveTensorTracker, count_rng_states
+
+    tracker = LiveTensorTracker(device)
+    with tracker, count_rng_states(tracker):
+        tracker.mark(existing, "existing")
+        step()
+    return tracker.peak
+
+
+class Steps:
+    """The common step loop: warm-up, measured steps until the median is known, a progress
+    result after step one, and when the first step began (the end of the trial's fixed cost).
+    """
+
+    def __init__(
+        self, spec: WorkerSpec, write: Callable[[TrialResult], None], watch: MemoryWatch
+    ) -> None:
+        self.spec = spec
+        self.watch = watch
+        self.write = write
+        self.times: list[float] = []
+        self.losses: list[float] = []
+        self.first_step_at: float | None = None
+        self.steps_s: float | None = None
+
+    def run(self, step: Callable[[], tuple[float, float]]) -> None:
+        settings = self.spec.settings
+        self.first_step_at = time.time()
+        start = time.perf_counter()
+        measure_start = start
+        index = 0
+        while True:
+            seconds, loss = step()
+            self.losses.append(loss)
+            if index == 0:
+                # Marks the launch as started: a later failure is the plan's, not the port's.
+                self.write(TrialResult(completed_steps=1, loss_first=loss))
+            index += 1
+            if index <= settings.warmup:
+                measure_start = time.perf_counter()
+                continue
+            self.times.append(seconds)
+            if agree(self._enough(time.perf_counter() - measure_start)):
+                break
+        self.steps_s = time.perf_counter() - start
+
+    def _enough(self, measuring_s: float) -> bool:
+        """Fixed count without a width; else until the median is known or a cap is hit."""
+        settings, count = self.spec.settings, len(self.times)
+        if settings.interval_width is None:
+            return count >= settings.steps
+        if count >= settings.max_steps or measuring_s >= settings.max_measure_s:
+            return True
+        width = relative_half_width(self.times)
+        return count >= settings.steps and width is not None and width <= settings.interval_width
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The median step time's interval (``None`` before any measured step)."""
+        return median_interval(self.times) if self.times else None
+
+
+def agree(done: bool) -> bool:
+    """Rank 0's decision for every rank: ranks that stop at different steps would deadlock."""
+    if ranks()[1] == 1:
+        return done
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return done
+    decision = [done]
+    dist.broadcast_object_list(decision, src=0)  # works over gloo and NCCL alike
+    return bool(decision[0])
+
+
+def cuda_peak(device: Any) -> int | None:
+    """``torch.cuda.max_memory_allocated`` so far on a CUDA device, else ``None``."""
+    from autotune.runtime import device as dev
+
+    peaks = dev.allocator_peak(device)
+    return None if peaks is None else peaks[0]
+
+
+def shut_down() -> None:
+    """Leave the process group together: a rank that exits with gloo's threads still running
+    can abort ("terminate called without an active exception") after a trial that succeeded."""
+    import torch.distributed as dist
+
+    if ranks()[1] > 1 and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

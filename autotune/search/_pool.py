@@ -1,0 +1,203 @@
+"""A trial runner that keeps one worker group per rank count alive across trials.
+
+A fresh launch pays the interpreter, torch and DeepSpeed imports, the process group and
+(on GPUs) CUDA/NCCL start-up before its first step; :class:`PoolRunner` pays them once
+per rank count. Each trial still builds its own model and engine, measures and frees
+them (``autotune.runtime.trial_server``); after any failure (out of memory, crash,
+timeout) the group is gone and the next trial launches a fresh one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from autotune.records import Plan, write_record
+from autotune.search._records import RunReport, TrialSettings, WorkerSpec
+from autotune.search._runner import (
+    SubprocessRunner,
+    _failed_to_start,
+    free_port,
+    kill_group,
+    read_result,
+)
+
+SERVER_MODULE = "autotune.runtime.trial_server"
+POLL_S = 0.02
+STOP_GRACE_S = 5.0
+
+
+def request_path(folder: Path, index: int) -> Path:
+    """Where the parent puts a group's ``index``-th request (a :class:`WorkerSpec`)."""
+    return folder / f"request-{index}.json"
+
+
+def done_path(folder: Path, index: int) -> Path:
+    """The marker rank 0 writes once the ``index``-th result file is final."""
+    return folder / f"done-{index}"
+
+
+def stop_path(folder: Path) -> Path:
+    """The file that tells every rank of a group to exit."""
+    return folder / "stop"
+
+
+@dataclass
+class _Group:
+    """One live launch: its process (torchrun or the single rank), folder and stderr log."""
+
+    key: tuple[int, str]
+    proc: subprocess.Popen[bytes]
+    folder: Path
+    log: IO[bytes]
+    index: int = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def submit(self, spec: WorkerSpec, timeout_s: float, requested_at: float) -> RunReport:
+        """Hand one spec to every rank; wait for its result, the group's death or the timeout."""
+        index, self.index = self.index, self.index + 1
+        log_path = self.folder / "stderr.txt"
+        offset = log_path.stat().st_size
+        write_record(request_path(self.folder, index), spec)
+        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        returncode: int | None = None
+        timed_out = False
+        while True:
+            if done_path(self.folder, index).exists():
+                returncode = 0
+                break
+            if self.proc.poll() is not None:
+                returncode = self.proc.returncode
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                kill_group(self.proc.pid)
+                self.proc.wait()
+                break
+            time.sleep(POLL_S)
+        tail = _log_tail(log_path, offset)
+        report = RunReport(returncode=returncode, timed_out=timed_out,
+                           result=read_result(Path(spec.result_path)), stderr_tail=tail,
+                           duration_s=time.monotonic() - start)  # fmt: skip
+        return report.with_fixed_cost(requested_at)
+
+    def close(self, *, kill: bool = False) -> None:
+        """Ask the ranks to exit (or kill them), then remove the folder."""
+        if self.log.closed:
+            return
+        if not kill and self.alive():
+            stop_path(self.folder).touch()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=STOP_GRACE_S)
+        # Always: ranks and their DataLoader workers must not outlive the group.
+        kill_group(self.proc.pid)
+        self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _log_tail(path: Path, offset: int, chars: int = 4000) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return ""
+    return data[-chars:].decode("utf-8", errors="replace")
+
+
+class PoolRunner(SubprocessRunner):
+    """Trials of one rank count share a live worker group; a failure relaunches it fresh.
+
+    Takes :class:`SubprocessRunner`'s arguments (``worker`` defaults to the server
+    module) plus ``idle_s``: a group with no request for this long exits by itself.
+    Use it as a context manager, or call :meth:`close`, to end the groups.
+    """
+
+    def __init__(self, *, idle_s: float = 1800.0, **options: Any) -> None:
+        options.setdefault("worker", SERVER_MODULE)
+        super().__init__(**options)
+        self.idle_s = idle_s
+        self._groups: dict[tuple[int, str], _Group] = {}
+        atexit.register(self.close)
+
+    def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
+        """Run ``plan`` in the live group of its rank count (launched if there is none)."""
+        start = time.monotonic()
+        for attempt in range(1, self.retries + 2):
+            fresh = self._key(plan, settings) not in self._groups
+            report = self._submit(plan, settings, warmup_only=False)
+            if not (fresh and _failed_to_start(report)) or attempt > self.retries:
+                break
+        duration = time.monotonic() - start
+        return report.model_copy(update={"launches": attempt, "duration_s": duration})
+
+    def warm_up(self, plans: list[Plan], settings: TrialSettings) -> float:
+        """Launch one group per rank count and start DeepSpeed in it (its comm-op compile)."""
+        start = time.monotonic()
+        shapes = {self._key(p, settings): p for p in plans}
+        for plan in shapes.values():
+            self._submit(plan, settings, warmup_only=True)
+        return time.monotonic() - start
+
+    def live_groups(self) -> dict[tuple[int, str], int]:
+        """The launcher pid of each live group, by (ranks, device)."""
+        return {key: group.proc.pid for key, group in self._groups.items() if group.alive()}
+
+    def close(self) -> None:
+        """End every live group."""
+        for key in list(self._groups):
+            self._groups.pop(key).close()
+
+    def __enter__(self) -> PoolRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _key(self, plan: Plan, settings: TrialSettings) -> tuple[int, str]:
+        return plan.world_size, settings.device
+
+    def _submit(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
+        key = self._key(plan, settings)
+        group = self._groups.get(key)
+        if group is not None and not group.alive():
+            self._groups.pop(key).close(kill=True)
+            group = None
+        requested_at = time.time()
+        if group is None:
+            group = self._groups[key] = self._launch_group(plan, settings)
+        spec = WorkerSpec(settings=settings, plan=plan, warmup_only=warmup_only,
+                          result_path=str(group.folder / f"result-{group.index}.json"))  # fmt: skip
+        report = group.submit(spec, settings.timeout_s, requested_at)
+        if report.returncode != 0 or report.timed_out or not group.alive():
+            # Nothing an earlier trial broke may measure the next one: relaunch fresh.
+            self._groups.pop(key, None)
+            group.close(kill=True)
+        return report
+
+    def _launch_group(self, plan: Plan, settings: TrialSettings) -> _Group:
+        if self.workdir is not None:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="group-", dir=self.workdir))
+        port = free_port()
+        env = self.child_env(plan, settings, port)
+        env.update(AUTOTUNE_PARENT_PID=str(os.getpid()), AUTOTUNE_IDLE_S=str(self.idle_s))
+        log = (folder / "stderr.txt").open("ab")
+        # stdout goes to the log too: DeepSpeed prints there, and --json owns our stdout.
+        proc = subprocess.Popen(
+            self.command(plan, folder, port), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+        return _Group((plan.world_size, settings.device), proc, folder, log)

@@ -1,0 +1,108 @@
+"""How the cost model steers the search (pure): the predicted front the study starts from, and
+the rule that skips a plan predicted slower than the best measured one beyond the error bar.
+
+Every plan of a study keeps the global batch, so throughput is inversely proportional to
+step time and the estimate's step-time ratios rank plans directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autotune.records import Plan
+from autotune.search._records import TrialRecord
+from autotune.search._space import Predict, Prediction, SearchSpace
+
+DEFAULT_ERROR = 0.15
+"""The step-time model's error bar before any trial has measured it: the worst predicted
+ratio of bench/estimate_accuracy.py was 15 % off."""
+
+FRONT_SIZE = 4
+"""Plans of the predicted front enqueued after the policy's plan and the baseline."""
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A plan of the space with its prediction."""
+
+    plan: Plan
+    prediction: Prediction
+
+
+def rank(space: SearchSpace, predict: Predict) -> list[Ranked]:
+    """The plans predicted to fit that have a predicted step time, fastest first."""
+    ranked = []
+    for plan in space.all_plans():
+        prediction = predict(plan)
+        if prediction.fits and prediction.step_time_ratio is not None:
+            ranked.append(Ranked(plan, prediction))
+    return sorted(ranked, key=lambda r: (r.prediction.step_time_ratio, r.plan.checkpoint_blocks))
+
+
+def predicted_front(space: SearchSpace, predict: Predict, size: int = FRONT_SIZE) -> list[Plan]:
+    """The fastest predicted plan of each ZeRO stage and precision, fastest first.
+
+    The step-time model does not see communication without a bandwidth, nor other
+    precisions than the profiled one, so one plan per stage and precision is measured
+    rather than trusting the model across them.
+    """
+    best: dict[tuple[int, str], Plan] = {}
+    for ranked in rank(space, predict):
+        best.setdefault((ranked.plan.zero_stage, ranked.plan.precision), ranked.plan)
+    return list(best.values())[:size]
+
+
+def error_bar(measured: Iterable[TrialRecord], default: float = DEFAULT_ERROR) -> float:
+    """How much too slow the model has predicted a plan relative to the best measured one.
+
+    Only that direction can make a skip wrong (a plan predicted slow that is fast), so
+    the bar is the default or the largest such error seen so far, whichever is larger.
+    """
+    done = [r for r in measured if _timed(r)]
+    if not done:
+        return default
+    best = min(done, key=lambda r: r.step_time or 0.0)
+    worst = default
+    for record in done:
+        predicted = (record.predicted_step_ratio or 0.0) / (best.predicted_step_ratio or 1.0)
+        actual = (record.step_time or 0.0) / (best.step_time or 1.0)
+        if actual > 0:
+            worst = max(worst, predicted / actual - 1.0)
+    return worst
+
+
+def slower_than_best(prediction: Prediction | None, records: list[TrialRecord]) -> str | None:
+    """Why a plan is skipped: predicted slower than the best measured plan beyond the error
+    bar plus that plan's own measurement noise (``None``: run it)."""
+    if prediction is None or prediction.step_time_ratio is None:
+        return None
+    done = [r for r in records if _timed(r)]
+    if not done:
+        return None
+    best = min(done, key=lambda r: r.step_time or 0.0)
+    relative = prediction.step_time_ratio / (best.predicted_step_ratio or 1.0)
+    bar, noise = error_bar(done), _noise(best)
+    if relative <= 1.0 + bar + noise:
+        return None
+    return (f"predicted x{relative:.2f} the step time of the best measured plan (trial "
+            f"{best.number}), beyond the estimate's error bar of {bar:.0%} and that trial's "
+            f"measurement noise of {noise:.0%}")  # fmt: skip
+
+
+def _noise(record: TrialRecord) -> float:
+    """Half the width of a trial's median step-time interval, relative to the median."""
+    if record.step_interval is None or not record.step_time:
+        return 0.0
+    low, high = record.step_interval
+    return max(high - low, 0.0) / 2 / record.step_time
+
+
+def _timed(record: TrialRecord) -> bool:
+    return (
+        record.outcome == "ok"
+        and record.step_time is not None
+        and record.step_time > 0
+        and record.predicted_step_ratio is not None
+        and record.predicted_step_ratio > 0
+    )

@@ -1,0 +1,106 @@
+"""The cost model steers the search: the predicted front runs early, plans predicted slower than
+the best measured one beyond the error bar are skipped (with the reason), never run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.records import Plan
+from autotune.search import (
+    FakeRunner,
+    Prediction,
+    TrialRecord,
+    TrialResult,
+    TrialSettings,
+    TuneRecord,
+    error_bar,
+    make_space,
+    predicted_front,
+    slower_than_best,
+    tune,
+)
+
+
+def step_seconds(plan: Plan) -> float:
+    """A made-up machine: a fixed cost per micro-batch, recompute per checkpointed block,
+    ZeRO-3 slower (communication the model below does not see)."""
+    micro = 0.01 + 0.01 * plan.micro_batch + 0.004 * plan.micro_batch * plan.checkpoint_blocks
+    return plan.grad_accum * micro * (1.5 if plan.zero_stage == 3 else 1.0)
+
+
+def predict(plan: Plan) -> Prediction:
+    """The model of that machine, blind to ZeRO's cost, as the estimate is without a bandwidth."""
+    micro = 0.01 + 0.01 * plan.micro_batch + 0.004 * plan.micro_batch * plan.checkpoint_blocks
+    return Prediction(True, 1000, "formula", step_time_ratio=plan.grad_accum * micro)
+
+
+def behaviour(plan: Plan, settings: TrialSettings) -> TrialResult:
+    seconds = step_seconds(plan)
+    return TrialResult(completed_steps=4, samples_per_s=plan.global_batch / seconds,
+                       step_time=seconds, step_times=[seconds] * 3, peak_memory_bytes=[1000],
+                       peak_source="fake", reused=True, first_step_at=None)  # fmt: skip
+
+
+def test_front_is_the_fastest_predicted_plan_of_each_stage() -> None:
+    space = make_space(32, 2, 3, None, None)
+    front = predicted_front(space, predict)
+    # Fewest micro-batches (16 per rank, one micro-batch) and no recompute, for stages 0-3.
+    assert [(p.micro_batch, p.grad_accum, p.checkpoint_blocks) for p in front] == [(16, 1, 0)] * 4
+    assert sorted(p.zero_stage for p in front) == [0, 1, 2, 3]
+
+
+def _tune(tmp_path: Path, runner: FakeRunner, trials: int) -> TuneRecord:
+    baseline = Plan(micro_batch=1, grad_accum=16, gpus_per_node=2)
+    policy = Plan(micro_batch=2, grad_accum=8, gpus_per_node=2, zero_stage=2)
+    return tune(
+        "model.py", global_batch=32, settings=TrialSettings(model_file="model.py"), runner=runner,
+        nproc=2, blocks=3, policy=policy, baseline=baseline, predict=predict, trials=trials,
+        storage=str(tmp_path / "s.db"), repeats=0, seed=1,
+    )  # fmt: skip
+
+
+def test_slow_predictions_are_skipped_with_the_reason_never_run(tmp_path: Path) -> None:
+    runner = FakeRunner(behaviour)
+    record = _tune(tmp_path, runner, trials=30)
+    roles = [t.role for t in record.trials[:6]]
+    assert roles == ["policy", "baseline"] + ["predicted"] * 4
+    ran = {p.model_dump_json() for p in runner.plans}
+    skipped = [t for t in record.trials if (t.reason or "").startswith("predicted x")]
+    assert skipped, "the sampler never proposed a plan the model ranks as slow"
+    best = min(step_seconds(Plan.model_validate_json(p)) for p in ran)
+    for trial in skipped:
+        assert trial.state == "pruned" and trial.plan.model_dump_json() not in ran
+        assert "beyond the estimate's error bar" in (trial.reason or "")
+        # Truly slower than the best measured plan: the skip lost nothing.
+        assert step_seconds(trial.plan) > best
+    # The baseline ran although the model ranks it slowest: the speedup needs it.
+    assert any(t.role == "baseline" and t.outcome == "ok" for t in record.trials)
+    # Far fewer than the 80 plans (or the 30 trials allowed) ran: the rest were predicted slow.
+    assert len(ran) < 20 and any(note.startswith("stopped after") for note in record.notes)
+    assert record.recommendation is not None
+    assert step_seconds(record.recommendation.plan) == best
+    fastest = min(step_seconds(plan) for plan in make_space(32, 2, 3, None, None).all_plans())
+    assert best == fastest
+
+
+def _record(number: int, predicted: float, measured: float) -> TrialRecord:
+    return TrialRecord(number=number, plan=Plan(), state="complete", outcome="ok",
+                       step_time=measured, predicted_step_ratio=predicted)  # fmt: skip
+
+
+def test_error_bar_grows_only_when_a_plan_was_predicted_too_slow() -> None:
+    assert error_bar([]) == 0.15
+    # Predicted faster than measured (ZeRO-3's unseen communication): no risk for skips.
+    assert error_bar([_record(0, 1.0, 1.0), _record(1, 1.0, 1.5)]) == 0.15
+    # Predicted 2x the best, measured 1.25x: the model overstates slowness by 60 %.
+    bar = error_bar([_record(0, 1.0, 1.0), _record(1, 2.0, 1.25)])
+    assert abs(bar - 0.6) < 1e-9
+
+
+def test_the_best_trials_noise_widens_the_bar() -> None:
+    quiet = _record(0, 1.0, 1.0)
+    noisy = quiet.model_copy(update={"step_interval": (0.9, 1.1)})  # +-10 % around the median
+    slower = Prediction(True, 1000, "formula", step_time_ratio=1.2)  # 20 % slower than trial 0
+    reason = slower_than_best(slower, [quiet])
+    assert reason is not None and "error bar of 15%" in reason
+    assert slower_than_best(slower, [noisy]) is None  # 20 % < 15 % + 10 %
