@@ -1,4 +1,4 @@
-"""Per-rank peak of DeepSpeed ZeRO plans: predicted, measured by autotune's trial, and by torch.
+"""Per-rank peak of DeepSpeed ZeRO and FSDP2 plans: predicted, measured by autotune's trial, and by torch.
 
 For each plan, three figures per rank:
 - predicted: ``autotune estimate`` from one single-process profile of the model file;
@@ -9,6 +9,8 @@ For each plan, three figures per rank:
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py MODEL.py --profile-batch 2 \\
          --plans "stage=1,mb=2,ga=2" "stage=2,mb=2,ga=2" "stage=3,mb=2,ga=2" [--nproc 2]
 Prints a markdown table (bytes in MiB) and the worst error of the predictions.
+An ``engine=fsdp2`` plan runs ``fully_shard`` per block and root (``autotune.runtime.fsdp``)
+instead of a DeepSpeed engine; its trial column is the same trial worker's.
 """
 
 from __future__ import annotations
@@ -75,24 +77,25 @@ def rank_main(plans_path: str, out_path: str) -> None:
         torch.manual_seed(0)
         model = model_file.build_model()
         apply_checkpointing(model, plan.checkpoint_blocks)
-        optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
-        parameters = sum(p.numel() for p in model.parameters())
-        config = emit_deepspeed_config(plan, world_size=world, parameters=parameters).config
-        with contextlib.redirect_stdout(sys.stderr):
-            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         batches = model_file.batches(plan.micro_batch)
-        step = functools.partial(_step, model_file, engine, batches, plan.grad_accum)
+        if plan.engine == "fsdp2":
+            engine, step = _fsdp2_engine(model_file, model, plan, batches)
+        else:
+            optimizer = model_file.build_optimizer(
+                [p for p in model.parameters() if p.requires_grad]
+            )
+            parameters = sum(p.numel() for p in model.parameters())
+            config = emit_deepspeed_config(plan, world_size=world, parameters=parameters).config
+            with contextlib.redirect_stdout(sys.stderr):
+                engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+            step = functools.partial(_step, model_file, engine, batches, plan.grad_accum)
         for _ in range(_WARMUP):
             step()
         for attempt in range(_ATTEMPTS):
             gc.collect()
             # Everything alive now is the engine's state (flat buffers and partitions are
             # not all reachable from the model or the optimizer): all of it counts as present.
-            keep = {
-                obj.untyped_storage().data_ptr()
-                for obj in gc.get_objects()
-                if isinstance(obj, torch.Tensor) and obj.device.type == "cpu"
-            }
+            keep = _storages(gc.get_objects())
             with profile(
                 activities=[ProfilerActivity.CPU],
                 profile_memory=True,
@@ -115,14 +118,43 @@ def rank_main(plans_path: str, out_path: str) -> None:
             if attempt + 1 == _ATTEMPTS:
                 raise SystemExit("torch's memory profile failed on every attempt")
         results.append({"peak": reference.peak, "at_peak": reference.at_peak})
-        engine.destroy()
-        del engine, model, optimizer
+        if hasattr(engine, "destroy"):
+            engine.destroy()
+        del engine, model, step
         gc.collect()
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, results)
     if rank == 0:
         Path(out_path).write_text(json.dumps(gathered))
     dist.barrier()
+
+
+def _storages(objects: list[Any]) -> set[int]:
+    """Addresses of every CPU tensor's storage (a DTensor's local shard counts, not the wrapper)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    keep = set()
+    for obj in objects:
+        if isinstance(obj, DTensor):
+            obj = obj._local_tensor
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            keep.add(obj.untyped_storage().data_ptr())
+    return keep
+
+
+def _fsdp2_engine(model_file: Any, model: Any, plan: Any, batches: Any) -> tuple[Any, Any]:
+    """The model sharded by ``fully_shard`` as the plan says, and its step (autotune's runtime)."""
+    from autotune.runtime.fsdp import apply_fsdp2, fsdp2_step
+
+    apply_fsdp2(model, plan, "cpu")
+    optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
+
+    def loss_of() -> Any:
+        return model_file.loss(model, model_file.move(next(batches), "cpu"))
+
+    step = fsdp2_step(model, optimizer, loss_of, plan)
+    return model, step
 
 
 def _torch_peaks(model: str, plans: list[Any], nproc: int, work: Path) -> list[list[dict]]:
@@ -138,19 +170,28 @@ def _torch_peaks(model: str, plans: list[Any], nproc: int, work: Path) -> list[l
     return [[rank[i] for rank in per_rank] for i in range(len(plans))]
 
 
-def _trial_peaks(model: str, plans: list[Any], work: Path) -> list[list[int]]:
+def _trial_peaks(
+    model: str, plans: list[Any], work: Path, skip_fsdp2: bool = False
+) -> list[list[int | None]]:
     from autotune.search import SubprocessRunner, TrialSettings
 
     runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=work / "trials")
     # the tracked step is the fourth, as the profiled one in each rank (stage 3 steady state)
     settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu", timeout_s=1800)
-    peaks = []
+    peaks: list[Any] = []
     for plan in plans:
+        if skip_fsdp2 and plan.engine == "fsdp2":
+            peaks.append([None] * plan.world_size)
+            continue
         report = runner.run(plan, settings)
         if report.result is None or not report.result.peak_memory_bytes:
             raise SystemExit(f"trial of {plan.describe()} failed: {report.stderr_tail[-800:]}")
         peaks.append(report.result.peak_memory_bytes)
     return peaks
+
+
+def _mib(size: int | None) -> str:
+    return "-" if size is None else f"{size / MIB:.2f}"
 
 
 def main() -> None:
@@ -159,6 +200,9 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", required=True)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--profile-batch", type=int, default=2)
+    parser.add_argument(
+        "--no-fsdp2-trials", action="store_true", help="skip the trial column of fsdp2 plans"
+    )
     args = parser.parse_args()
     from autotune.estimator import estimate_plan, facts_from_profile
     from autotune.records import parse_plan
@@ -172,7 +216,7 @@ def main() -> None:
     predicted = [estimate_plan(facts, plan).memory for plan in plans]
     with tempfile.TemporaryDirectory(prefix="zero-peaks-") as directory:
         work = Path(directory)
-        trials = _trial_peaks(model, plans, work)
+        trials = _trial_peaks(model, plans, work, skip_fsdp2=args.no_fsdp2_trials)
         torch_peaks = _torch_peaks(model, plans, args.nproc, work)
     print(f"model {Path(args.model).name}: {record.model.parameters:,} parameters; "
           f"profile at micro-batch {args.profile_batch}, {args.nproc} ranks")  # fmt: skip
@@ -190,7 +234,7 @@ def main() -> None:
             parts = ", ".join(
                 f"{name} {size / MIB:.2f}" for name, size in measured["at_peak"].items() if size
             )
-            print(f"| {plan.describe()} | {rank} | {memory.peak / MIB:.2f} | {live / MIB:.2f} "
+            print(f"| {plan.describe()} | {rank} | {memory.peak / MIB:.2f} | {_mib(live)} "
                   f"| {measured['peak'] / MIB:.2f} | {100 * error:+.1f}% | {parts} |")  # fmt: skip
     print(f"\nworst prediction vs torch.profiler: {100 * worst[0]:+.1f}% ({worst[1]})")
     print(f"{len(plans)} plans in {time.time() - started:.0f} s; command: {' '.join(sys.argv)}")
