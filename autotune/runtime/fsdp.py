@@ -10,6 +10,7 @@ pinning needs an accelerator) and on CUDA with NCCL.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -86,3 +87,60 @@ def fsdp2_step(
         return time.perf_counter() - start, total / plan.grad_accum
 
     return step
+
+
+def _init_group(device_type: str) -> None:
+    """The default process group from torchrun's (or the trial runner's) environment."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+
+
+def fsdp2_trial(
+    spec: Any, steps: Any, live_peak: Callable[[torch.device, Callable[[], object]], int]
+) -> dict[str, Any]:
+    """An ``engine=fsdp2`` trial inside one rank: shard, run the spec's steps, measure.
+
+    ``steps`` is the trial worker's step loop (warm-up, timed steps, progress);
+    ``live_peak(device, step)`` is its live-tensor measure of one more, untimed step.
+    Returns the trial worker's info dict (``engine: fsdp2``).
+    """
+    from autotune.runtime import device as dev
+    from autotune.runtime.blocks import apply_checkpointing
+    from autotune.runtime.device import synchronize
+    from autotune.runtime.modelfile import load_model_file
+
+    plan, settings = spec.plan, spec.settings
+    device = torch.device(settings.device)
+    if device.type == "cuda":  # one GPU per rank, as torchrun numbers them
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    _init_group(device.type)
+    model_file = load_model_file(settings.model_file)
+    steps.watch.rebase()
+    torch.manual_seed(settings.seed)
+    model = model_file.build_model().to(device)
+    apply_checkpointing(model, plan.checkpoint_blocks)
+    apply_fsdp2(model, plan, device.type)
+    optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
+    batches = model_file.batches(plan.micro_batch, workers=plan.dataloader_workers or None)
+    last: list[Any] = [None]
+
+    def loss_of() -> torch.Tensor:
+        last[0] = next(batches)
+        return model_file.loss(model, model_file.move(last[0], device))  # type: ignore[no-any-return]
+
+    one = fsdp2_step(model, optimizer, loss_of, plan)
+
+    def step() -> tuple[float, float]:
+        seconds, loss = one()
+        synchronize(device)
+        return seconds, loss
+
+    steps.run(step)
+    peaks = dev.allocator_peak(device)
+    cuda = None if peaks is None else peaks[0]
+    live = live_peak(device, step)
+    return {"split": None, "tokens": model_file.tokens_per_sample(last[0]), "device": device,
+            "engine": "fsdp2", "live": live, "cuda": cuda}  # fmt: skip

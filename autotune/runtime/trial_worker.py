@@ -249,6 +249,14 @@ def _deepspeed_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
             "live": live, "cuda": cuda_peak}  # fmt: skip
 
 
+def _fsdp2_trial(spec: WorkerSpec, steps: _Steps) -> dict[str, Any]:
+    from autotune.runtime.fsdp import fsdp2_trial
+
+    return fsdp2_trial(
+        spec, steps, lambda device, step: _live_peak(device, _tensors_on(device), step)
+    )
+
+
 def _warm_launcher(spec: WorkerSpec) -> TrialResult:
     """Start DeepSpeed once on a throw-away model: compiles and caches its comm op."""
     import deepspeed
@@ -296,7 +304,8 @@ def run_trial(
         return _warm_launcher(spec)
     steps = _Steps(spec, write, watch)
     use_deepspeed = plan.uses_deepspeed or _rank()[1] > 1
-    info = (_deepspeed_trial if use_deepspeed else _torch_trial)(spec, steps)
+    trial = _deepspeed_trial if use_deepspeed else _torch_trial
+    info = (_fsdp2_trial if plan.engine == "fsdp2" else trial)(spec, steps)
     peaks = _peaks(info, watch)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time
