@@ -114,6 +114,28 @@ def _check_fsdp2(plan: Plan) -> None:
         raise ValueError("engine=fsdp2 offloads to cpu only (CPUOffloadPolicy), not nvme")
 
 
+def fsdp2_equivalent(plan: Plan) -> Plan | None:
+    """The ``engine=fsdp2`` plan closest to a DeepSpeed ZeRO plan, or ``None`` where none is.
+
+    Stage 2 and 3 map one to one; stage 1 maps to stage 2 (FSDP2 always shards the
+    gradients too: less memory, the same all-reduce volume). Parameter offload to the
+    CPU maps to ``CPUOffloadPolicy``; optimizer-only offload, NVMe and fp16 have no
+    FSDP2 form.
+    """
+    if plan.engine != "deepspeed" or plan.zero_stage == 0:
+        return None
+    if plan.precision in ("fp16", "amp_fp16") or "nvme" in (
+        plan.offload_param,
+        plan.offload_optimizer,
+    ):
+        return None
+    if plan.offload_optimizer != "none" and plan.offload_param == "none":
+        return None
+    return plan.with_changes(
+        engine="fsdp2", zero_stage=max(plan.zero_stage, 2), offload_optimizer="none"
+    )
+
+
 _ALIASES = {
     "stage": "zero_stage",
     "zero": "zero_stage",
