@@ -1,0 +1,36 @@
+"""2-rank FSDP2 plans on CPU (gloo): trials complete, and the estimate meets torch's profiler in each rank."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _models import mlp_stack
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_two_rank_fsdp2_plans_are_predicted_within_5_percent_of_torchs_profiler(
+    tmp_path: Path,
+) -> None:
+    # bench/zero_peaks.py runs each plan as autotune's trial (the trial worker's fully_shard
+    # path) and in two torchrun ranks under torch.profiler; the prediction is from one profile.
+    model = tmp_path / "mlp.py"
+    model.write_text(mlp_stack(blocks=3, width=64, hidden=256))
+    plans = ["engine=fsdp2,stage=3,mb=8", "engine=fsdp2,stage=2,mb=8,ga=2"]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "zero_peaks.py"), str(model), "--profile-batch", "8",
+         "--plans", *plans],
+        capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if "engine=fsdp2" in line and "|" in line]
+    assert len(rows) == 2 * len(plans)  # one row per rank, each with a trial figure
+    assert all(row.split("|")[4].strip() != "-" for row in rows), done.stdout
+    errors = [float(x) for x in re.findall(r"\| ([+-][0-9.]+)% \|", done.stdout)]
+    assert len(errors) == 2 * len(plans)
+    assert all(abs(error) <= 5.0 for error in errors), done.stdout
