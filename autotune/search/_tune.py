@@ -177,6 +177,7 @@ def tune(
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
     finish: bool = False,
+    engines: tuple[str, ...] = ("deepspeed",),
 ) -> TuneRecord:
     """Search plans with real short trials and recommend the fastest that fits.
 
@@ -195,6 +196,8 @@ def tune(
         predict: the estimate; plans it says cannot fit are pruned, never run.
         trials: plans to measure in the study (pruned ones do not count).
         budget_s: stop starting trials after this many seconds of trial time.
+        engines: who may shard a ZeRO stage: ``deepspeed`` and, when asked, ``fsdp2``
+            (PyTorch's ``fully_shard``; a study knob when trials have several ranks).
         storage: Optuna RDB URL or sqlite path (default ``autotune-tune.db``);
             rerunning resumes the study.
         study_name: the study's name in the storage.
@@ -212,7 +215,7 @@ def tune(
     Returns:
         The record of all trials, the final comparison and the recommendation.
     """
-    space = make_space(global_batch, nproc, blocks, policy, baseline, nodes)
+    space = make_space(global_batch, nproc, blocks, policy, baseline, nodes, engines)
     per_rank = global_batch // space.world
     base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
     if base_plan.global_batch != global_batch:
