@@ -26,6 +26,7 @@ _EXPORTS = {
     "code_changes_for": ("autotune.emit", "code_changes_for"),
     "profile": ("autotune.runtime.profiler", "profile"),
     "deepspeed_config": ("autotune.api", "deepspeed_config"),
+    "fsdp2_config": ("autotune.api", "fsdp2_config"),
     "recommend": ("autotune.api", "recommend"),
     "tune": ("autotune.api", "tune_model"),
 }

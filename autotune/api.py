@@ -475,6 +475,41 @@ def deepspeed_config(
     return emitted.config
 
 
+def fsdp2_config(
+    plan_or_recommendation: Plan | Recommendation,
+    *,
+    world_size: int | None = None,
+    block_stack: str | None = None,
+    layer_class: str | None = None,
+) -> dict[str, Any]:
+    """The FSDP2 deliverable of an ``engine=fsdp2`` plan, as a JSON-ready dict.
+
+    Keys: ``plan``, ``code`` (``fully_shard`` per block, then the root), ``accelerate_config``
+    (``accelerate launch --config_file``), ``accelerate_code`` (the plugin with
+    ``reduce_dtype=fp32``), ``hf_trainer`` (``TrainingArguments`` keywords), ``notes``.
+
+    Example:
+        >>> from autotune import fsdp2_config
+        >>> from autotune.records import parse_plan
+        >>> out = fsdp2_config(parse_plan("engine=fsdp2,stage=3,precision=bf16,gpus=8"))
+        >>> out["accelerate_config"]["fsdp_config"]["fsdp_version"], out["hf_trainer"]["fsdp"]
+        (2, True)
+    """
+    from dataclasses import asdict
+
+    from autotune.emit import fsdp2_deliverable
+
+    plan = getattr(plan_or_recommendation, "plan", plan_or_recommendation)
+    assert isinstance(plan, Plan)
+    deliverable = fsdp2_deliverable(
+        plan,
+        world_size=world_size,
+        block_stack=block_stack or "model.model.layers",
+        layer_class=layer_class,
+    )
+    return asdict(deliverable)
+
+
 def confirm(
     model_path: str | Path | None = None,
     *,

@@ -1,4 +1,4 @@
-"""Per-rank peak of DeepSpeed ZeRO plans: predicted, measured by autotune's trial, and by torch.
+"""Per-rank peak of DeepSpeed ZeRO and FSDP2 plans: predicted, measured by autotune's trial, and by torch.
 
 For each plan, three figures per rank:
 - predicted: ``autotune estimate`` from one single-process profile of the model file;
@@ -9,6 +9,9 @@ For each plan, three figures per rank:
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py MODEL.py --profile-batch 2 \\
          --plans "stage=1,mb=2,ga=2" "stage=2,mb=2,ga=2" "stage=3,mb=2,ga=2" [--nproc 2]
 Prints a markdown table (bytes in MiB) and the worst error of the predictions.
+An ``engine=fsdp2`` plan runs ``fully_shard`` per block and root (``autotune.runtime.fsdp``)
+instead of a DeepSpeed engine. Each plan runs in ranks of its own (a finished ZeRO-3
+engine stays alive in its process, and would count in the next plan's memory).
 """
 
 from __future__ import annotations
@@ -74,24 +77,25 @@ def rank_main(plans_path: str, out_path: str) -> None:
         torch.manual_seed(0)
         model = model_file.build_model()
         apply_checkpointing(model, plan.checkpoint_blocks)
-        optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
-        parameters = sum(p.numel() for p in model.parameters())
-        config = emit_deepspeed_config(plan, world_size=world, parameters=parameters).config
-        with contextlib.redirect_stdout(sys.stderr):
-            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         batches = model_file.batches(plan.micro_batch)
-        step = functools.partial(_step, model_file, engine, batches, plan.grad_accum)
+        if plan.engine == "fsdp2":
+            engine, step = _fsdp2_engine(model_file, model, plan, batches)
+        else:
+            optimizer = model_file.build_optimizer(
+                [p for p in model.parameters() if p.requires_grad]
+            )
+            parameters = sum(p.numel() for p in model.parameters())
+            config = emit_deepspeed_config(plan, world_size=world, parameters=parameters).config
+            with contextlib.redirect_stdout(sys.stderr):
+                engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+            step = functools.partial(_step, model_file, engine, batches, plan.grad_accum)
         for _ in range(_WARMUP):
             step()
         for attempt in range(_ATTEMPTS):
             gc.collect()
             # Everything alive now is the engine's state (flat buffers and partitions are
             # not all reachable from the model or the optimizer): all of it counts as present.
-            keep = {
-                obj.untyped_storage().data_ptr(): obj.untyped_storage().nbytes()
-                for obj in gc.get_objects()
-                if isinstance(obj, torch.Tensor) and obj.device.type == "cpu"
-            }
+            keep = _storages(gc.get_objects())
             with profile(
                 activities=[ProfilerActivity.CPU],
                 profile_memory=True,
@@ -119,8 +123,9 @@ def rank_main(plans_path: str, out_path: str) -> None:
         if reference is not None and not any(failed):
             measured = {"peak": reference.peak, "at_peak": reference.at_peak}
         results.append(measured)
-        engine.destroy()
-        del engine, model, optimizer
+        if hasattr(engine, "destroy"):
+            engine.destroy()
+        del engine, model, step
         gc.collect()
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, results)
@@ -129,17 +134,48 @@ def rank_main(plans_path: str, out_path: str) -> None:
     dist.barrier()
 
 
+def _storages(objects: list[Any]) -> dict[int, int]:
+    """Every CPU tensor's storage, address to bytes (a DTensor's local shard, not the wrapper)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    keep = {}
+    for obj in objects:
+        if isinstance(obj, DTensor):
+            obj = obj._local_tensor
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            keep[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+    return keep
+
+
+def _fsdp2_engine(model_file: Any, model: Any, plan: Any, batches: Any) -> tuple[Any, Any]:
+    """The model sharded by ``fully_shard`` as the plan says, and its step (autotune's runtime)."""
+    from autotune.runtime.fsdp import apply_fsdp2, fsdp2_step
+
+    apply_fsdp2(model, plan, "cpu")
+    optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
+
+    def loss_of() -> Any:
+        return model_file.loss(model, model_file.move(next(batches), "cpu"))
+
+    step = fsdp2_step(model, optimizer, loss_of, plan)
+    return model, step
+
+
 def _torch_peaks(model: str, plans: list[Any], nproc: int, work: Path) -> list[list[dict]]:
-    job = work / "job.json"
-    job.write_text(json.dumps({"model": model, "plans": [p.model_dump_json() for p in plans]}))
-    out = work / "out.json"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={nproc}", __file__, "--rank-worker", str(job), str(out),
-    ]  # fmt: skip
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, timeout=3600)
-    per_rank = json.loads(out.read_text())
-    return [[rank[i] for rank in per_rank] for i in range(len(plans))]
+    """torch.profiler's per-rank figures, each plan in ranks of its own."""
+    found = []
+    for index, plan in enumerate(plans):
+        job = work / f"job{index}.json"
+        job.write_text(json.dumps({"model": model, "plans": [plan.model_dump_json()]}))
+        out = work / f"out{index}.json"
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", __file__, "--rank-worker", str(job), str(out),
+        ]  # fmt: skip
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, timeout=3600)
+        found.append([rank[0] for rank in json.loads(out.read_text())])
+    return found
 
 
 def _trial_peaks(model: str, plans: list[Any], work: Path) -> list[list[int]]:

@@ -1,4 +1,5 @@
-"""`autotune config`: write the DeepSpeed config for a recommendation or a plan, atomically."""
+"""`autotune config`: write the DeepSpeed config (or, for ``engine=fsdp2``, the FSDP2 deliverable)
+for a recommendation or a plan, atomically."""
 
 from __future__ import annotations
 
@@ -47,7 +48,11 @@ def config(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print only the config JSON on stdout."),
 ) -> None:
-    """Write a ready DeepSpeed config, checked by DeepSpeed itself when it is installed."""
+    """Write a ready DeepSpeed config, checked by DeepSpeed itself when it is installed.
+
+    An ``engine=fsdp2`` plan gets its FSDP2 deliverable instead: ``--out`` receives the
+    Accelerate config file; the ``fully_shard`` code and HF Trainer arguments are printed.
+    """
     with user_errors():
         from autotune.api import deepspeed_config
         from autotune.emit import code_changes_for
@@ -58,6 +63,10 @@ def config(
         if out is not None:
             check_output(out, "--out")
         rec = _load_source(recommendation, plan)
+        if rec.plan.engine == "fsdp2":
+            _check_fsdp2_options(base=base, hf_auto=hf_auto, nvme_path=nvme_path)
+            _write_fsdp2(rec, world_size, profile, out, framework, as_json)
+            return
         capabilities = _capabilities(profile) if profile else rec.capabilities
         try:
             result = deepspeed_config(
@@ -83,6 +92,54 @@ def config(
             return
         changes = rec.code_changes or code_changes_for(rec.plan)
         _render_summary(out, rec.plan.describe(), result, changes, framework)
+
+
+def _check_fsdp2_options(*, base: Path | None, hf_auto: bool, nvme_path: str | None) -> None:
+    for flag, given in (("--base", base), ("--hf-auto", hf_auto), ("--nvme-path", nvme_path)):
+        if given:
+            raise AutotuneError(f"{flag}: a DeepSpeed option; the plan is engine=fsdp2")
+
+
+def _write_fsdp2(
+    rec: Any, world_size: int | None, profile: Path | None, out: Path | None,
+    framework: str, as_json: bool,
+) -> None:  # fmt: skip
+    """The FSDP2 deliverable: the Accelerate config to ``--out``, the rest printed."""
+    from autotune.api import fsdp2_config
+    from autotune.records import atomic_write_text
+
+    stack = _block_stack(profile) if profile else None
+    result = fsdp2_config(
+        rec,
+        world_size=world_size,
+        block_stack=f"model.{stack.path}" if stack else None,
+        layer_class=stack.block_class if stack else None,
+    )
+    if out is not None:
+        # JSON is YAML too: accelerate reads it whatever the file's suffix
+        atomic_write_text(out, json.dumps(result["accelerate_config"], indent=2) + "\n")
+    if as_json or out is None and framework == "deepspeed":
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    if out is not None:
+        console.print(f"wrote {out}  (Accelerate FSDP2 config, plan {result['plan']})",
+                      markup=False, soft_wrap=True)  # fmt: skip
+    shown = {
+        "torch": [("fully_shard", result["code"])],
+        "accelerate": [("Accelerator", result["accelerate_code"])],
+        "hf_trainer": [("TrainingArguments", json.dumps(result["hf_trainer"], indent=2))],
+    }
+    for what, text in shown.get(framework, [(k, v) for items in shown.values() for k, v in items]):
+        console.print(f"\n# {what} ({framework}):", markup=False, soft_wrap=True)
+        console.print(text, markup=False, soft_wrap=True)
+    for note in result["notes"]:
+        err_console.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def _block_stack(path: Path) -> Any:
+    from autotune.records import ProfileRecord, read_record
+
+    return read_record(path, ProfileRecord, "profile").model.block_stack
 
 
 def _load_source(path: Path | None, plan_text: str | None) -> Any:

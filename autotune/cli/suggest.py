@@ -45,12 +45,22 @@ def suggest_command(
         "--policy",
         help='A policy TOML file (replaces, or with extends = "default" extends, the default).',
     ),
+    framework: str | None = typer.Option(
+        None,
+        "--framework",
+        help="torch|accelerate|deepspeed|hf_trainer; torch and accelerate name the FSDP2 "
+        "alternative of a ZeRO stage.",
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the record as JSON only."),
 ) -> None:
     """Propose the next change, then the rest of the ordered plan, from a saved profile."""
     with user_errors():
         from autotune.policy import suggest
-        from autotune.records import ProfileRecord, read_record
+        from autotune.records import AutotuneError, ProfileRecord, read_record
+
+        known = ("torch", "accelerate", "deepspeed", "hf_trainer")
+        if framework is not None and framework not in known:
+            raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(known)}")
 
         record = suggest(
             read_record(profile, ProfileRecord, "profile"),
@@ -61,6 +71,7 @@ def suggest_command(
             global_batch=global_batch,
             policy_path=policy,
             profile_path=str(profile),
+            framework=framework,
         )
         if json_output:
             print_json(record)
@@ -89,6 +100,11 @@ def render(record: object) -> None:
             f"  predicted: {_predicted(item.predicted)}",
             f"  why: {item.reason}",
         ]
+        if item.fsdp2_alternative:
+            lines.append(
+                f"  or with PyTorch's FSDP2: {item.fsdp2_alternative} "
+                f"(autotune config --plan '{item.fsdp2_alternative}')"
+            )
         console.print("\n".join(lines), soft_wrap=True, markup=True, highlight=False)
     console.print(f"final plan: {record.final_plan.describe()}", soft_wrap=True)
     for note in record.notes:

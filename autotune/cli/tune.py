@@ -53,6 +53,7 @@ def tune_command(
     policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json and ds_config.json go."),
     finish: bool = typer.Option(False, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
+    engines: str = typer.Option("deepspeed", "--engines", help="Who may shard a ZeRO stage: deepspeed, or deepspeed,fsdp2 to also search PyTorch's FSDP2 (with --nproc > 1)."),
     json_output: bool = typer.Option(False, "--json", help="Print the tune record as JSON only."),
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
@@ -91,6 +92,7 @@ def tune_command(
                 storage=storage, study_name=study,
                 repeats=repeats, heartbeat_s=heartbeat, nodes=nnodes, rdzv_endpoint=rdzv_endpoint,
                 join_timeout=join_timeout, inter_gbps=inter_gbps, finish=finish,
+                engines=_engines(engines),
             )  # fmt: skip
         written = _write_outputs(record, out_dir, nproc * nnodes)
         if json_output:
@@ -110,13 +112,31 @@ def _baseline(text: str, per_rank: int, nproc: int, nodes: int = 1) -> Any:
     return plan
 
 
+def _engines(text: str) -> tuple[str, ...]:
+    from autotune.records import AutotuneError
+
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    bad = [name for name in names if name not in ("deepspeed", "fsdp2")]
+    if bad or not names:
+        raise AutotuneError(f"--engines: {','.join(bad) or '(none)'}: use deepspeed and/or fsdp2")
+    return names
+
+
 def _write_outputs(record: Any, out_dir: Path, nproc: int) -> list[Path]:
     from autotune.records import atomic_write_text, write_record
 
     rec = record.recommendation
     if rec is None:
         return []
-    from autotune.api import deepspeed_config
+    from autotune.api import deepspeed_config, fsdp2_config
+
+    if rec.plan.engine == "fsdp2":  # its deliverable: the Accelerate config (JSON reads as YAML)
+        out = fsdp2_config(rec, world_size=nproc)
+        return [
+            write_record(out_dir / "recommendation.json", rec),
+            atomic_write_text(out_dir / "accelerate_fsdp2.yaml",
+                              json.dumps(out["accelerate_config"], indent=2) + "\n"),
+        ]  # fmt: skip
 
     config = deepspeed_config(rec, world_size=nproc)
     return [

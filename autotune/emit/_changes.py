@@ -65,7 +65,8 @@ def code_changes_for(
         >>> print(changes[1].torch.splitlines()[-1])
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     """
-    changes = [_apply_config(plan, num_blocks)]
+    first = _apply_fsdp2(plan, block_stack_path) if plan.engine == "fsdp2" else None
+    changes = [first or _apply_config(plan, num_blocks)]
     if plan.checkpoint_blocks:
         changes.append(_checkpointing(plan.checkpoint_blocks, block_stack_path, num_blocks))
     if plan.dataloader_workers or plan.pin_memory:
@@ -101,6 +102,21 @@ def _apply_config(plan: Plan, num_blocks: int | None) -> CodeChange:
         f"gradient_accumulation_steps={plan.grad_accum}, "
         f'deepspeed_plugin=DeepSpeedPlugin(hf_ds_config="ds_config.json"))\n'
         f"loader = DataLoader(dataset, batch_size={plan.micro_batch})",
+    )
+
+
+def _apply_fsdp2(plan: Plan, path: str | None) -> CodeChange:
+    """An ``engine=fsdp2`` plan: ``fully_shard`` per block and root instead of a DeepSpeed config."""
+    from autotune.emit._fsdp import accelerate_plugin_code, fsdp2_code, hf_fsdp2_arguments
+
+    hf = ", ".join(f"{key}={value!r}" for key, value in hf_fsdp2_arguments(plan).items())
+    return CodeChange(
+        what=f"shard with PyTorch's FSDP2 (micro-batch {plan.micro_batch}, accumulation "
+        f"{plan.grad_accum}, {plan.precision}, reshard_after_forward={plan.reshard_after_forward})",
+        torch=fsdp2_code(plan, f"model.{path}" if path else "model.model.layers"),
+        deepspeed=None,
+        hf_trainer=f"TrainingArguments(..., {hf})",
+        accelerate=accelerate_plugin_code(plan),
     )
 
 

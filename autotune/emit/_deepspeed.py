@@ -161,6 +161,11 @@ def emit_deepspeed_config(
         if isinstance(plan_or_recommendation, Plan)
         else plan_or_recommendation.plan
     )
+    if plan.engine != "deepspeed":
+        raise AutotuneError(
+            f"plan {plan.describe()}: engine={plan.engine} has no DeepSpeed config "
+            "(its deliverable is fsdp2_config / `autotune config --plan engine=fsdp2,...`)"
+        )
     if not isinstance(plan_or_recommendation, Plan):
         if capabilities is None:
             capabilities = plan_or_recommendation.capabilities

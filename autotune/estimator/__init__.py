@@ -1,7 +1,7 @@
 """The estimate stage: pure arithmetic that predicts any plan's memory and time before it runs.
 
 Where to change what: the ZeRO model-state, bucket, communication and offload formulas live in
-``_zero.py`` (their one home); activations, FLOPs and step time in ``_costmodel.py``; the peak's
+``_zero.py`` (their one home), FSDP2's (``engine=fsdp2``) in ``_fsdp.py``; activations, FLOPs and step time in ``_costmodel.py``; the peak's
 moments in ``_peakmodel.py``; facts read from a profile in ``_modelfacts.py``; claim checks in
 ``_claims.py`` (throughput against FLOPs per token in ``_throughput.py``, the GPU peak table in
 ``_peaks.py``); the per-plan estimator and its records in ``_estimator.py``. No torch.
@@ -44,6 +44,12 @@ from autotune.estimator._estimator import (
     estimate,
     estimate_plan,
     plan_grid,
+)
+from autotune.estimator._fsdp import (
+    fsdp2_engine_bytes,
+    fsdp2_moments,
+    fsdp2_state_bytes,
+    plan_states,
 )
 from autotune.estimator._modelfacts import (
     ActivationSpec,
@@ -138,6 +144,10 @@ __all__ = [
     "recompute_flops_per_token",
     "saved_activations",
     "states_for",
+    "plan_states",
+    "fsdp2_engine_bytes",
+    "fsdp2_moments",
+    "fsdp2_state_bytes",
     "step_seconds",
     "table_peak_flops",
     "tokens_per_second_at_mfu",

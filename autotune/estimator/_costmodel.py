@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Accounting = Literal["deepspeed", "paper", "torch"]
+Accounting = Literal["deepspeed", "fsdp2", "paper", "torch"]
 
 WEIGHT_BYTES = {"fp32": 4, "amp_bf16": 4, "amp_fp16": 4, "bf16": 2, "fp16": 2}
 """Bytes per stored weight for each plan precision (autocast keeps fp32 parameters)."""

@@ -167,6 +167,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         buffers=memory.buffers,
         block_stack=model.block_stack.path if model.block_stack else None,
         num_layers=layers,
+        block_parameters=model.block_stack.block_parameters if model.block_stack else None,
         hidden_size=model.hidden_size,
         num_attention_heads=model.num_attention_heads,
         seq_len=model.tokens_per_sample,

@@ -14,6 +14,7 @@ gradient buckets); the measured ones scale on top of them.
 from __future__ import annotations
 
 from autotune.estimator import _costmodel as cm
+from autotune.estimator import _fsdp as fsdp
 from autotune.estimator import _zero as zero
 from autotune.estimator._modelfacts import (
     Baseline,
@@ -43,7 +44,7 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
     gradient buckets and, for ZeRO engines, what :func:`zero.engine_moments` lists
     (the reduction's flattened copy, the optimizer's temporaries at its step).
     """
-    states = zero.states_for(facts, plan)
+    states = fsdp.plan_states(facts, plan)
     buckets = zero.bucket_bytes(facts, plan)
     backward_grads = states.gradients - states.step_gradients
     spec, _ = activation_spec(facts, plan.precision)
@@ -82,9 +83,9 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
             "activations": inputs + fig.block(b),
             "autocast_weight_copies": spec.block_autocast_weight_copies if amp else 0.0,
         }
-    engine = zero.engine_moments(facts, plan)
+    engine = zero.engine_moments(facts, plan) or fsdp.fsdp2_moments(facts, plan)
     if engine is not None:
-        # A ZeRO engine's own buffers replace the plain-torch states at every moment, and
+        # A ZeRO (or FSDP2) engine's own buffers replace the plain-torch states at every moment, and
         # the end of backward (its reduction) is a moment of its own.
         result["reduce"] = {**result["optimizer"], "temporaries": 0.0}
         for name, held in (("backward", "backward"), ("recompute", "backward"),
@@ -125,7 +126,7 @@ def _which(
     optimizer moment has all gradients and (almost) none of them, whereas a loop
     that keeps its gradients between steps has both at the start of backward.
     """
-    full = zero.states_for(facts, base.plan).gradients
+    full = fsdp.plan_states(facts, base.plan).gradients
     if full and live["gradients"] >= 0.9 * full and live["activations"] <= 0.1 * saved:
         return "optimizer"  # all gradients exist and the activations are gone: backward is over
     if base.plan.checkpoint_blocks and live["gradients"] > 0:
@@ -150,8 +151,9 @@ def predict_peak(
     live = {c: float(v) for c, v in base.at_peak.model_dump().items()}
     old, _, _ = moments(facts, base.plan)
     moment = _which(facts, base, live, old["backward"]["activations"])
-    if plan.uses_deepspeed and not base.plan.uses_deepspeed and moment in old:
-        # DeepSpeed frees each .grad once reduced into its own buffers: gradients the
+    sharded = plan.uses_deepspeed or plan.engine == "fsdp2"
+    if sharded and not (base.plan.uses_deepspeed or base.plan.engine == "fsdp2") and moment in old:
+        # DeepSpeed (and FSDP2) frees each .grad once reduced into its own buffers: gradients the
         # profiled loop kept between its steps do not carry over
         live["gradients"] = old[moment]["gradients"]
     # temporaries per activation byte at the measured moment (backward's own buffers),

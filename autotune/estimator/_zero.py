@@ -233,7 +233,10 @@ def states_for(facts: ModelFacts, plan: Plan) -> StateBytes:
     """Model-state bytes per device for a plan (the implementation's accounting).
 
     On a CPU device the "offloaded" states stay in the same memory: offload frees nothing.
+    An ``engine=fsdp2`` plan takes FSDP2's accounting: ``_fsdp.plan_states``.
     """
+    if plan.engine != "deepspeed":
+        raise AutotuneError(f"states_for: {plan.describe()}: use plan_states for FSDP2 plans")
     host_is_device = facts.device_type == "cpu"
     return model_state_bytes(
         parameters=facts.parameters,
@@ -251,7 +254,7 @@ def states_for(facts: ModelFacts, plan: Plan) -> StateBytes:
 def bucket_bytes(facts: ModelFacts, plan: Plan) -> float:
     """ZeRO's gradient buckets, sized as the emitted config sizes them (:func:`bucket_elements`)."""
     return zero_bucket_bytes(
-        zero_stage=plan.zero_stage,
+        zero_stage=plan.zero_stage if plan.engine == "deepspeed" else 0,
         bucket_elements=bucket_elements(facts.parameters),
         precision=plan.precision,
     )
@@ -361,10 +364,14 @@ def zero_engine_bytes(
 def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
     """:func:`zero_engine_bytes` for a plan, or ``None`` where it does not apply.
 
-    It applies to ZeRO stages 1-3 without an offload that frees device memory.
+    It applies to DeepSpeed ZeRO stages 1-3 without an offload that frees device memory.
     """
     offloads = plan.offload_optimizer != "none" or plan.offload_param != "none"
-    if plan.zero_stage < 1 or (offloads and facts.device_type != "cpu"):
+    if (
+        plan.engine != "deepspeed"
+        or plan.zero_stage < 1
+        or (offloads and facts.device_type != "cpu")
+    ):
         return None
     return zero_engine_bytes(
         parameters=facts.parameters,

@@ -12,7 +12,7 @@ from autotune.policy._facts import Facts
 from autotune.policy._loader import Policy, Rule, load_policy
 from autotune.policy._profile_facts import FactBuilder, Machine
 from autotune.policy._records import Evidence, Predicted, Suggestion, SuggestRecord
-from autotune.records import AutotuneError, Plan, ProfileRecord, format_bytes
+from autotune.records import AutotuneError, Plan, ProfileRecord, format_bytes, fsdp2_equivalent
 
 
 def suggest(
@@ -28,6 +28,7 @@ def suggest(
     skip_rules: Collection[str] = (),
     profile_path: str | None = None,
     more_profiles: Sequence[ProfileRecord] = (),
+    framework: str | None = None,
 ) -> SuggestRecord:
     """Apply the policy to a profile: every change that applies, in order, stacked.
 
@@ -45,6 +46,8 @@ def suggest(
         more_profiles: profiles of the same model at another batch size (or with
             checkpointing switched) that the step-time model is fitted to; without one,
             no micro-batch is predicted faster than another.
+        framework: the user's framework; ``torch`` or ``accelerate`` names the FSDP2
+            alternative of every suggestion that turns a ZeRO stage.
 
     Returns:
         The suggestions in order, each with its stacked plan, evidence and prediction.
@@ -76,10 +79,25 @@ def suggest(
         gpus_per_node=machine.gpus_per_node,
         inter_gbps=inter_gbps,
         global_batch=global_batch,
-        suggestions=suggestions,
+        suggestions=[_with_fsdp2(s, framework) for s in suggestions],
         final_plan=plan,
         notes=_notes(builder, plan),
+        framework=framework,
     )
+
+
+FSDP2_FRAMEWORKS = ("torch", "accelerate")
+"""Frameworks whose users shard with PyTorch's own FSDP2 as readily as with DeepSpeed."""
+
+
+def _with_fsdp2(suggestion: Suggestion, framework: str | None) -> Suggestion:
+    """The suggestion with its FSDP2 alternative named, where the framework and change call for it."""
+    if framework not in FSDP2_FRAMEWORKS or "zero_stage" not in suggestion.change:
+        return suggestion
+    alternative = fsdp2_equivalent(suggestion.plan)
+    if alternative is None:
+        return suggestion
+    return suggestion.model_copy(update={"fsdp2_alternative": alternative.describe()})
 
 
 def policy_plan(profile: ProfileRecord, **options: Any) -> Plan:

@@ -42,6 +42,11 @@ class Suggestion(Record):
     evidence: dict[str, Evidence]
     predicted: Predicted
     reason: str
+    fsdp2_alternative: str | None = Field(
+        None,
+        description="with --framework torch|accelerate: the engine=fsdp2 plan doing this "
+        "ZeRO stage with PyTorch's fully_shard (None: not asked, or no FSDP2 form)",
+    )
 
 
 class SuggestRecord(Record):
@@ -64,3 +69,4 @@ class SuggestRecord(Record):
     suggestions: list[Suggestion]
     final_plan: Plan
     notes: list[str] = Field(default_factory=list)
+    framework: str | None = Field(None, description="the user's framework, when given")

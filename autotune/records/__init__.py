@@ -23,6 +23,7 @@ from autotune.records._plan import (
     Plan,
     Precision,
     format_plan,
+    fsdp2_equivalent,
     parse_plan,
 )
 from autotune.records._profile import (
@@ -85,6 +86,7 @@ __all__ = [
     "format_count",
     "format_plan",
     "median_interval",
+    "fsdp2_equivalent",
     "parse_bytes",
     "parse_count",
     "parse_plan",

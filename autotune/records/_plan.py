@@ -22,6 +22,10 @@ AUTOCAST_PLAN_PRECISION: dict[str, Precision] = {
 
 Offload = Literal["none", "cpu", "nvme"]
 Attention = Literal["default", "eager", "sdpa", "flash_attention_2"]
+Engine = Literal["deepspeed", "fsdp2"]
+"""``deepspeed``: a DeepSpeed engine runs ZeRO; ``fsdp2``: PyTorch's ``fully_shard`` does
+(stage 2 = ``reshard_after_forward=False``, stage 3 = ``True``, ``offload_param=cpu`` =
+``CPUOffloadPolicy``, ``bf16`` = ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``)."""
 
 
 class Plan(Record):
@@ -45,14 +49,22 @@ class Plan(Record):
     compile: bool = False
     dataloader_workers: int = Field(0, ge=0)
     pin_memory: bool = False
+    engine: Engine = "deepspeed"
 
     @model_validator(mode="after")
     def _check_offload(self) -> Plan:
+        if self.engine == "fsdp2":
+            _check_fsdp2(self)
         if self.offload_param != "none" and self.zero_stage != 3:
             raise ValueError("offload_param needs zero_stage 3")
         if self.offload_optimizer != "none" and self.zero_stage == 0:
             raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
         return self
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """FSDP2's ``reshard_after_forward``: True for stage 3, False for stage 2."""
+        return self.zero_stage >= 3
 
     @property
     def world_size(self) -> int:
@@ -67,7 +79,7 @@ class Plan(Record):
     @property
     def uses_deepspeed(self) -> bool:
         """Whether running this plan needs a DeepSpeed engine."""
-        return (
+        return self.engine == "deepspeed" and (
             self.zero_stage > 0
             or self.precision in ("bf16", "fp16")
             or self.offload_optimizer != "none"
@@ -80,6 +92,48 @@ class Plan(Record):
     def describe(self) -> str:
         """Short knob string, the same syntax :func:`parse_plan` reads."""
         return format_plan(self)
+
+
+def _check_fsdp2(plan: Plan) -> None:
+    """What FSDP2 can express of a plan; one line naming the knob otherwise."""
+    if plan.zero_stage not in (2, 3):
+        raise ValueError(
+            f"engine=fsdp2 needs zero_stage 2 (reshard_after_forward=False) or 3 (True), "
+            f"got {plan.zero_stage}: FSDP2 always shards gradients and optimizer states"
+        )
+    if plan.precision in ("fp16", "amp_fp16"):
+        raise ValueError(
+            "engine=fsdp2 takes precision fp32, amp_bf16 or bf16 (fp16 needs a loss scaler)"
+        )
+    if plan.offload_optimizer != "none":
+        raise ValueError(
+            "engine=fsdp2 offloads parameters, gradients and optimizer states together: "
+            "use offload_param=cpu (CPUOffloadPolicy), not offload_optimizer"
+        )
+    if plan.offload_param == "nvme":
+        raise ValueError("engine=fsdp2 offloads to cpu only (CPUOffloadPolicy), not nvme")
+
+
+def fsdp2_equivalent(plan: Plan) -> Plan | None:
+    """The ``engine=fsdp2`` plan closest to a DeepSpeed ZeRO plan, or ``None`` where none is.
+
+    Stage 2 and 3 map one to one; stage 1 maps to stage 2 (FSDP2 always shards the
+    gradients too: less memory, the same all-reduce volume). Parameter offload to the
+    CPU maps to ``CPUOffloadPolicy``; optimizer-only offload, NVMe and fp16 have no
+    FSDP2 form.
+    """
+    if plan.engine != "deepspeed" or plan.zero_stage == 0:
+        return None
+    if plan.precision in ("fp16", "amp_fp16") or "nvme" in (
+        plan.offload_param,
+        plan.offload_optimizer,
+    ):
+        return None
+    if plan.offload_optimizer != "none" and plan.offload_param == "none":
+        return None
+    return plan.with_changes(
+        engine="fsdp2", zero_stage=max(plan.zero_stage, 2), offload_optimizer="none"
+    )
 
 
 _ALIASES = {

@@ -32,6 +32,9 @@ class BlockStack(_Record):
     path: str = Field(description="dotted name of the ModuleList, e.g. model.layers")
     count: int = Field(ge=1, description="L, the number of blocks")
     block_class: str
+    block_parameters: int | None = Field(
+        None, ge=0, description="parameters of one block (None: not counted)"
+    )
 
 
 class ModelInfo(_Record):

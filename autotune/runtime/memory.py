@@ -192,7 +192,9 @@ def _block_hooks(
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        yield value
+        # A DTensor (FSDP2's shards) is a wrapper: the memory is its local shard's.
+        local = getattr(value, "_local_tensor", None)
+        yield local if isinstance(local, torch.Tensor) else value
     elif isinstance(value, dict):
         for item in value.values():
             yield from _tensors(item)
@@ -235,7 +237,7 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def mark(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         """Name the storages behind ``tensors`` (tracking them if they predate the tracker)."""
-        for tensor in tensors:
+        for tensor in _tensors(list(tensors)):
             if tensor.device.type == self.device_type:
                 self._track(tensor.untyped_storage()).category = category
 

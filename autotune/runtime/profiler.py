@@ -385,7 +385,12 @@ def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
     stack = None
     if found is not None:
         path, blocks = found
-        stack = BlockStack(path=path, count=len(blocks), block_class=type(blocks[0]).__name__)
+        stack = BlockStack(
+            path=path,
+            count=len(blocks),
+            block_class=type(blocks[0]).__name__,
+            block_parameters=unique_parameter_count(blocks[0]),
+        )
     trainable = nn.ParameterList([p for p in model.parameters() if p.requires_grad])
     get_input = getattr(model, "get_input_embeddings", None)
     table = get_input() if callable(get_input) else None

@@ -17,6 +17,7 @@ from autotune.runtime.trial_steps import (
     MemoryWatch,
     Steps,
     cuda_peak,
+    live_peak,
     load_cached,
     ranks,
     shut_down,
@@ -100,7 +101,8 @@ def run_trial(
     watch.limit = settings.memory_guard
     steps = Steps(spec, write, watch)
     use_deepspeed = plan.uses_deepspeed or ranks()[1] > 1
-    info = (deepspeed_trial if use_deepspeed else _torch_trial)(spec, steps)
+    trial = deepspeed_trial if use_deepspeed else _torch_trial
+    info = (_fsdp2_trial if plan.engine == "fsdp2" else trial)(spec, steps)
     peaks = _peaks(info, watch)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time
@@ -121,6 +123,15 @@ def run_trial(
         first_step_at=steps.first_step_at,
         steps_s=steps.steps_s,
         reused=reused,
+    )
+
+
+def _fsdp2_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
+    from autotune.runtime.fsdp import fsdp2_trial
+    from autotune.runtime.trial_deepspeed import _tensors_on
+
+    return fsdp2_trial(
+        spec, steps, lambda device, step: live_peak(device, _tensors_on(device), step)
     )
 
 

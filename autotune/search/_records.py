@@ -97,7 +97,7 @@ class TrialResult(_Record):
     )
     loss_first: float | None = None
     loss_last: float | None = None
-    engine: Literal["torch", "deepspeed", "none"] = "torch"
+    engine: Literal["torch", "deepspeed", "fsdp2", "none"] = "torch"
     error: str | None = Field(
         default=None, description="exception type and message, if the step raised"
     )

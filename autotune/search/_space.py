@@ -1,4 +1,5 @@
-"""The search space of a tune run: micro-batch, checkpointed blocks, ZeRO stage, precision (pure)."""
+"""The search space of a tune run: micro-batch, checkpointed blocks, ZeRO stage, precision and,
+when asked, the sharding engine (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.records import AutotuneError, Plan
+from autotune.records import AutotuneError, Plan, fsdp2_equivalent
 
 
 def divisors(n: int) -> list[int]:
@@ -44,6 +45,13 @@ class SearchSpace:
     base: Plan
     precisions: tuple[str, ...]
     nodes: int = 1
+    engines: tuple[str, ...] = ("deepspeed",)
+    """Who shards a ZeRO stage: ``deepspeed`` and, when asked, ``fsdp2`` (PyTorch's fully_shard)."""
+
+    @property
+    def searches_engine(self) -> bool:
+        """Whether the engine is a knob of the study (several engines and several ranks)."""
+        return len(self.engines) > 1 and self.world > 1
 
     @property
     def world(self) -> int:
@@ -62,6 +70,8 @@ class SearchSpace:
 
     def size(self) -> int:
         """Number of distinct plans in the space."""
+        if self.searches_engine:
+            return len(self.all_plans())
         return (
             len(self.micro_batches)
             * (self.blocks + 1)
@@ -87,7 +97,11 @@ class SearchSpace:
             changes["offload_optimizer"] = "none"
         if stage != 3:
             changes["offload_param"] = "none"
-        return self.base.with_changes(**changes)
+        plan = self.base.with_changes(engine="deepspeed", **changes)
+        if params.get("engine") == "fsdp2":
+            # the nearest FSDP2 plan; a stage FSDP2 cannot express stays DeepSpeed's
+            return fsdp2_equivalent(plan) or plan
+        return plan
 
     def params(self, plan: Plan) -> dict[str, Any]:
         """The study parameters that select ``plan`` (for enqueueing)."""
@@ -98,17 +112,30 @@ class SearchSpace:
         }
         if self.world > 1:
             params["zero_stage"] = plan.zero_stage
+        if self.searches_engine:
+            params["engine"] = plan.engine
         return params
 
     def all_plans(self) -> list[Plan]:
         """Every plan of the space (the exhaustive grid)."""
-        return [
-            self.plan({"micro_batch": m, "checkpoint_blocks": c, "zero_stage": z, "precision": p})
+        engines = self.engines if self.searches_engine else ("deepspeed",)
+        plans = [
+            self.plan(
+                {
+                    "micro_batch": m,
+                    "checkpoint_blocks": c,
+                    "zero_stage": z,
+                    "precision": p,
+                    "engine": e,
+                }
+            )  # fmt: skip
+            for e in engines
             for p in self.precisions
             for z in self.zero_stages
             for m in self.micro_batches
             for c in range(self.blocks + 1)
         ]
+        return list(dict.fromkeys(plans))  # fsdp2 stages 1 and 2 are one plan
 
 
 def make_space(
@@ -118,12 +145,16 @@ def make_space(
     policy: Plan | None,
     baseline: Plan | None,
     nodes: int = 1,
+    engines: tuple[str, ...] = ("deepspeed",),
 ) -> SearchSpace:
     """Build the space, checking the global batch splits over the ranks.
 
     Raises:
-        AutotuneError: naming ``--global-batch``, ``--nproc`` or ``--nnodes``.
+        AutotuneError: naming ``--global-batch``, ``--nproc``, ``--nnodes`` or ``--engines``.
     """
+    unknown = [name for name in engines if name not in ("deepspeed", "fsdp2")]
+    if unknown or not engines:
+        raise AutotuneError(f"--engines: {','.join(unknown) or '(none)'}: use deepspeed, fsdp2")
     if global_batch < 1:
         raise AutotuneError(f"--global-batch: must be at least 1, got {global_batch}")
     if nproc < 1:
@@ -137,7 +168,9 @@ def make_space(
     precisions = [base.precision]
     if baseline is not None and baseline.precision not in precisions:
         precisions.append(baseline.precision)
-    return SearchSpace(global_batch, nproc, max(blocks, 0), base, tuple(precisions), nodes)
+    return SearchSpace(
+        global_batch, nproc, max(blocks, 0), base, tuple(precisions), nodes, tuple(engines)
+    )
 
 
 def same_but_micro_batch(a: Plan, b: Plan) -> bool:

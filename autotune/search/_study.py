@@ -156,6 +156,8 @@ def distributions(space: SearchSpace) -> dict[str, Any]:
     }
     if space.world > 1:
         dists["zero_stage"] = IntDistribution(0, 3)
+    if space.searches_engine:
+        dists["engine"] = CategoricalDistribution(list(space.engines))
     return dists
 
 

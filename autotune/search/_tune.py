@@ -208,6 +208,7 @@ def tune(
     progress: Callable[[Progress], None] | None = None,
     finish: bool = False,
     front: int = FRONT_SIZE,
+    engines: tuple[str, ...] = ("deepspeed",),
 ) -> TuneRecord:
     """Search plans with real short trials and recommend the fastest that fits.
 
@@ -228,6 +229,8 @@ def tune(
             measured one beyond its error bar are skipped.
         trials: plans to measure in the study (pruned ones do not count).
         budget_s: stop starting trials after this many seconds of trial time.
+        engines: who may shard a ZeRO stage: ``deepspeed`` and, when asked, ``fsdp2``
+            (PyTorch's ``fully_shard``; a study knob when trials have several ranks).
         storage: Optuna RDB URL or sqlite path (default ``autotune-tune.db``);
             rerunning resumes the study.
         study_name: the study's name in the storage.
@@ -246,7 +249,7 @@ def tune(
     Returns:
         The record of all trials, the final comparison and the recommendation.
     """
-    space = make_space(global_batch, nproc, blocks, policy, baseline, nodes)
+    space = make_space(global_batch, nproc, blocks, policy, baseline, nodes, engines)
     per_rank = global_batch // space.world
     base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
     if base_plan.global_batch != global_batch:

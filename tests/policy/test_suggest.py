@@ -247,3 +247,35 @@ def test_offload_is_never_proposed_on_a_cpu_device(world_size: int) -> None:
         assert record.suggestions[0].rule == "zero_1"
     assert record.final_plan.offload_optimizer == record.final_plan.offload_param == "none"
     assert not any(item.rule.startswith("offload") for item in record.suggestions)
+
+
+@pytest.mark.parametrize("framework", ["torch", "accelerate", "deepspeed", None])
+def test_a_zero_stage_names_its_fsdp2_alternative_for_torch_and_accelerate(
+    framework: str | None,
+) -> None:
+    from autotune.records import parse_plan
+
+    profile = synthetic_profile(**SLOW_BF16_CPU, parameters=70_000_000_000, layers=80)
+    record = suggest(profile, device_memory=80 * GB, world_size=16, framework=framework)
+    staged = [item for item in record.suggestions if "zero_stage" in item.change]
+    assert staged
+    for item in staged:
+        if framework in ("torch", "accelerate"):
+            assert item.fsdp2_alternative is not None
+            alternative = parse_plan(item.fsdp2_alternative)
+            assert alternative.engine == "fsdp2"
+            assert alternative.zero_stage == max(item.plan.zero_stage, 2)
+            assert alternative.micro_batch == item.plan.micro_batch
+        else:
+            assert item.fsdp2_alternative is None
+
+
+def test_suggest_cli_prints_the_fsdp2_alternative(tmp_path: Path) -> None:
+    profile = synthetic_profile(**SLOW_BF16_CPU, parameters=70_000_000_000, layers=80)
+    path = write_record(tmp_path / "profile.json", profile)
+    args = ["suggest", str(path), "--device-memory", "80GB", "--world-size", "16"]
+    result = CliRunner().invoke(app, [*args, "--framework", "torch"])
+    assert result.exit_code == 0, result.output
+    assert "or with PyTorch's FSDP2: " in result.stdout and "engine=fsdp2" in result.stdout
+    bad = CliRunner().invoke(app, [*args, "--framework", "jax"])
+    assert bad.exit_code == 2 and "--framework: 'jax'" in bad.output

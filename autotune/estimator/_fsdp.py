@@ -1,0 +1,156 @@
+"""FSDP2 memory accounting (``torch.distributed.fsdp.fully_shard``): model states and gathered blocks.
+
+The one home of the FSDP2 formulas; pure arithmetic, no torch. Read from torch 2.13's
+``torch/distributed/fsdp/_fully_shard/`` (``_fully_shard.py`` docstring, ``_fsdp_param.py``,
+``_fsdp_param_group.py``, ``_fsdp_state.py``, ``_fsdp_collectives.py``) for the layout the
+emitter writes: ``fully_shard`` on every block of the repeated stack, then on the root.
+
+- Every parameter is a dim-0 shard (``Shard(0)``) in its original dtype (fp32): 4 psi / N per
+  rank; a ``MixedPrecisionPolicy`` casts only the all-gathered copy to ``param_dtype``.
+- Gradients are reduce-scattered in ``reduce_dtype`` (fp32) into sharded ``.grad`` DTensors:
+  4 psi / N; the optimizer's states live on the shards: (8 for Adam) psi / N.
+- Before a group's forward its parameters are all-gathered (``param_dtype`` bytes each).
+  ``reshard_after_forward=True`` frees them after the forward and gathers them again in
+  backward; ``False`` keeps every group gathered from forward to its backward. The root's
+  group is never resharded after forward (``_fsdp_state.py`` ``_lazy_init``: "for the root,
+  do not reshard after forward"). When backward starts (every activation saved) the last
+  block is gathered again; the next block's prefetch (``_fsdp_param_group.py``
+  ``_backward_prefetch``) comes once the first activations are freed. Measured on CPU by
+  ``bench/zero_peaks.py``: root + one block at that moment.
+- After a group's backward its unsharded gradients are copied into a flat reduce-scatter
+  input in ``reduce_dtype`` and freed; the output (one shard) is added into ``.grad``.
+- ``CPUOffloadPolicy`` keeps shards, gradients and optimizer states on the host.
+"""
+
+from __future__ import annotations
+
+from autotune.estimator._costmodel import ADAM_STATE_BYTES, WEIGHT_BYTES
+from autotune.estimator._modelfacts import ModelFacts
+from autotune.estimator._zero import StateBytes, ZeroMoments, states_for
+from autotune.records import Plan
+
+SHARD_BYTES = 4.0
+"""Sharded parameters and gradients stay fp32 under every precision FSDP2 plans take."""
+
+
+def gathered_dtype_bytes(precision: str) -> float:
+    """Bytes of an all-gathered parameter: ``param_dtype`` (bf16 under ``precision=bf16``)."""
+    return float(WEIGHT_BYTES[precision])
+
+
+def fsdp2_state_bytes(
+    *,
+    parameters: float,
+    trainable: float,
+    world_size: int,
+    optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
+    offload: bool = False,
+) -> StateBytes:
+    """Sharded model states per rank: (4 + 4 + 8) psi / N for fp32 shards and Adam.
+
+    Args:
+        parameters: all parameters (frozen ones are sharded too).
+        trainable: parameters with gradients and optimizer states.
+        world_size: ranks N in the shard mesh.
+        optimizer_bytes_per_param: the optimizer's state per trainable parameter.
+        offload: ``CPUOffloadPolicy``: all three live on the host, none on the device.
+    """
+    n = max(world_size, 1)
+    if offload:
+        return StateBytes(0.0, 0.0, 0.0, accounting="fsdp2")
+    return StateBytes(
+        parameters=SHARD_BYTES * parameters / n,
+        gradients=SHARD_BYTES * trainable / n,
+        optimizer_states=optimizer_bytes_per_param * trainable / n,
+        accounting="fsdp2",
+    )
+
+
+def fsdp2_engine_bytes(
+    *,
+    parameters: float,
+    trainable: float,
+    precision: str,
+    world_size: int,
+    reshard_after_forward: bool,
+    block_parameters: float,
+    num_layers: int,
+    grad_accum: int = 1,
+    optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
+    offload: bool = False,
+) -> ZeroMoments:
+    """What FSDP2 holds per rank at each moment the step can peak (see the module docstring).
+
+    ``backward``: the start of backward, every activation saved; gathered are the root's
+    group and, with ``reshard_after_forward``, the last block (without it, every group). ``reduce``: the end of backward, the root group's unsharded
+    gradients and their reduce-scatter input beside the sharded ``.grad``. ``optimizer``:
+    the sharded states alone.
+    """
+    states = fsdp2_state_bytes(
+        parameters=parameters,
+        trainable=trainable,
+        world_size=world_size,
+        optimizer_bytes_per_param=optimizer_bytes_per_param,
+        offload=offload,
+    )
+    w = gathered_dtype_bytes(precision)
+    blocks = block_parameters * num_layers
+    root = max(parameters - blocks, 0.0)
+    live_blocks = blocks if not reshard_after_forward else min(1, num_layers) * block_parameters
+    earlier = states.gradients if grad_accum > 1 else 0.0
+    base = {"parameters": states.parameters, "optimizer_states": states.optimizer_states}
+    root_grads = w * min(root, trainable)
+    return {
+        "backward": {
+            **base,
+            "parameters": states.parameters + w * (root + live_blocks),
+            "gradients": earlier,
+            "temporaries": 0.0,
+        },
+        "reduce": {
+            **base,
+            "parameters": states.parameters + w * root,
+            "gradients": states.gradients + root_grads,
+            "temporaries": SHARD_BYTES * min(root, trainable),
+        },
+        "optimizer": {**base, "gradients": states.gradients, "temporaries": 0.0},
+    }
+
+
+def fsdp2_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
+    """:func:`fsdp2_engine_bytes` for an ``engine=fsdp2`` plan, ``None`` for any other.
+
+    Without a known block stack the whole model is one root group (gathered all through).
+    On a CPU device offloading frees nothing: the host is the device.
+    """
+    if plan.engine != "fsdp2":
+        return None
+    block = float(facts.block_parameters or 0) if facts.num_layers else 0.0
+    return fsdp2_engine_bytes(
+        parameters=facts.parameters,
+        trainable=facts.trainable_parameters,
+        precision=plan.precision,
+        world_size=plan.world_size,
+        reshard_after_forward=plan.reshard_after_forward,
+        block_parameters=block,
+        num_layers=facts.num_layers if block else 0,
+        grad_accum=plan.grad_accum,
+        optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+        offload=plan.offload_param != "none" and facts.device_type != "cpu",
+    )
+
+
+def fsdp2_states_for(facts: ModelFacts, plan: Plan) -> StateBytes:
+    """Sharded model states per rank for an ``engine=fsdp2`` plan."""
+    return fsdp2_state_bytes(
+        parameters=facts.parameters,
+        trainable=facts.trainable_parameters,
+        world_size=plan.world_size,
+        optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+        offload=plan.offload_param != "none" and facts.device_type != "cpu",
+    )
+
+
+def plan_states(facts: ModelFacts, plan: Plan) -> StateBytes:
+    """Model states per device for any plan: FSDP2's accounting or ``_zero.states_for``."""
+    return fsdp2_states_for(facts, plan) if plan.engine == "fsdp2" else states_for(facts, plan)

@@ -1,0 +1,59 @@
+"""The engine knob in the search: FSDP2 plans join the space only when asked, and the study tries them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.records import AutotuneError, Plan
+from autotune.search import FakeRunner, TrialResult, TrialSettings, make_space, tune
+
+
+def test_the_space_holds_fsdp2_plans_only_when_asked() -> None:
+    plain = make_space(8, 2, 1, None, None)
+    assert {p.engine for p in plain.all_plans()} == {"deepspeed"}
+    both = make_space(8, 2, 1, None, None, engines=("deepspeed", "fsdp2"))
+    fsdp2 = [p for p in both.all_plans() if p.engine == "fsdp2"]
+    assert {p.zero_stage for p in fsdp2} == {2, 3}  # what FSDP2 can express
+    assert both.size() == len(both.all_plans()) == plain.size() + len(fsdp2)
+    for plan in both.all_plans():  # every plan is reached by its own study parameters
+        assert both.plan(both.params(plan)) == plan
+    one_rank = make_space(8, 1, 1, None, None, engines=("deepspeed", "fsdp2"))
+    assert {p.engine for p in one_rank.all_plans()} == {"deepspeed"}
+
+
+def test_an_unknown_engine_is_refused() -> None:
+    with pytest.raises(AutotuneError, match="--engines: megatron"):
+        make_space(8, 2, 1, None, None, engines=("deepspeed", "megatron"))
+
+
+def test_the_study_measures_fsdp2_plans_when_asked(tmp_path: Path) -> None:
+    def behaviour(plan: Plan, settings: TrialSettings) -> TrialResult:
+        speed = 10.0 + plan.micro_batch + (3.0 if plan.engine == "fsdp2" else 0.0)
+        return TrialResult(completed_steps=4, samples_per_s=speed, peak_memory_bytes=[100, 100],
+                           peak_source="fake", device_memory=settings.device_memory)  # fmt: skip
+
+    runner = FakeRunner(behaviour)
+    settings = TrialSettings(model_file=str(tmp_path / "m.py"), device_memory=1000, timeout_s=5)
+    record = tune(
+        "m.py", global_batch=8, settings=settings, runner=runner, nproc=2, trials=12,
+        storage=str(tmp_path / "s.db"), repeats=1, seed=0, engines=("deepspeed", "fsdp2"),
+    )  # fmt: skip
+    engines = {plan.engine for plan in runner.plans}
+    assert engines == {"deepspeed", "fsdp2"}
+    assert record.recommendation is not None
+    assert record.recommendation.plan.engine == "fsdp2"  # the faster engine in this fake
+
+
+def test_tune_cli_refuses_an_unknown_engine_before_any_work(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    model = tmp_path / "m.py"
+    model.write_text("def build_model(): ...\n")
+    result = CliRunner().invoke(app, ["tune", str(model), "--global-batch", "8", "--nproc", "2",
+                                      "--engines", "deepspeed,jax", "--out-dir", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 2 and "--engines: jax" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
