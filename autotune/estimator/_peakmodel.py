@@ -146,7 +146,7 @@ def predict_peak(
     if base is None:
         totals = {name: sum(sizes.values()) for name, sizes in new.items()}
         name = max(totals, key=lambda key: totals[key])
-        how = _buckets_note(f"{name} (sum of live categories)", new[name]["temporaries"])
+        how = _buckets_note(f"{name} (sum of live categories)", zero.bucket_bytes(facts, plan))
         return totals[name], new[name]["temporaries"], how, states, source
     live = {c: float(v) for c, v in base.at_peak.model_dump().items()}
     old, _, _ = moments(facts, base.plan)
@@ -181,7 +181,7 @@ def predict_peak(
     return (
         totals[name],
         temps[name],
-        _buckets_note(f"{name} ({how})", new[name]["temporaries"]),
+        _buckets_note(f"{name} ({how})", zero.bucket_bytes(facts, plan)),
         states,
         source,
     )

@@ -35,7 +35,7 @@ def _tune(
     cmd = [
         AUTOTUNE, "tune", str(model), "--global-batch", "8", "--nproc", "1", "--nnodes", "2",
         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--storage", url, "--study", study,
-        "--repeats", "0", "--steps", "1", "--warmup", "0", "--device", "cpu",
+        "--repeats", "1", "--steps", "1", "--warmup", "0", "--device", "cpu",
         "--out-dir", str(out), "--json", *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600, cwd=out)

@@ -21,7 +21,7 @@ TRIALS = 6
 def _command(model: Path, url: str, out: Path) -> list[str]:
     return [
         str(Path(sys.executable).with_name("autotune")), "tune", str(model), "--global-batch", "8",
-        "--trials", str(TRIALS), "--repeats", "0", "--steps", "1", "--warmup", "0",
+        "--trials", str(TRIALS), "--repeats", "1", "--steps", "1", "--warmup", "0",
         "--device", "cpu", "--storage", url, "--study", "shared", "--heartbeat", "1",
         "--out-dir", str(out), "--json",
     ]  # fmt: skip
