@@ -56,7 +56,7 @@ def _grid(runner: Any, plans: list[Any], settings: Any, predict: Any, budget: in
         speed = result.samples_per_s if outcome == "ok" and result else None
         grid[plan.describe()] = (plan, speed)
         shown = "–" if speed is None else f"{speed:.2f}"
-        print(f"| {plan.describe()} | {_mib(prediction.peak)} | {_mib(peak)} | {_mib(budget)} | "
+        print(f"| {plan.describe()} | {_mib(prediction.peak_bytes)} | {_mib(peak)} | {_mib(budget)} | "
               f"{prediction.fits} | {fits} | {outcome} | {shown} |", flush=True)  # fmt: skip
     return grid
 
