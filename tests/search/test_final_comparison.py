@@ -102,10 +102,13 @@ def test_a_rerun_reads_the_comparison_instead_of_measuring_again(tmp_path: Path)
     assert again.plans == [], "a finished study was measured again"
     assert second.comparison == first.comparison
     assert any("read from the study" in note for note in second.notes)
-    # More trials make another comparison (of the larger set).
+    # A comparison that would measure something else (here: more repeats) is run anew,
+    # and only that: the search is complete, so no trial is launched.
     more = FakeRunner(behaviour)
-    third = tune("m.py", runner=more, **{**options, "trials": 6})  # type: ignore[arg-type]
-    assert third.comparison is not None and len(more.plans) > 2
+    third = tune("m.py", runner=more, **{**options, "repeats": 3})  # type: ignore[arg-type]
+    assert third.comparison is not None and third.comparison.repeats == 3
+    assert len(more.plans) == 3 * len(third.comparison.labels)
+    assert not any("read from the study" in note for note in third.notes)
 
 
 def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path) -> None:
