@@ -8,8 +8,9 @@ pays interpreter, torch, DeepSpeed and process-group start-up once. The parent
 the spec's result file and then ``FOLDER/done-<n>``. After any failure the process
 exits, so the parent relaunches a fresh group: a trial never runs in a process that
 an earlier trial broke. A rank also exits when ``FOLDER/stop`` appears, when the
-parent (``AUTOTUNE_PARENT_PID``) is gone, or after ``AUTOTUNE_IDLE_S`` seconds
-without a request, so no group outlives the search that started it.
+parent is gone (``autotune.runtime.lifeline``, even in the middle of a hung trial), or
+after ``AUTOTUNE_IDLE_S`` seconds without a request, so no group outlives the search
+that started it.
 """
 
 from __future__ import annotations
@@ -18,48 +19,28 @@ import contextlib
 import gc
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 from autotune.records import read_record, write_record
+from autotune.runtime.lifeline import die_with_parent
 from autotune.runtime.trial_steps import MemoryWatch, ranks, shut_down
 from autotune.runtime.trial_worker import _iter_lines, run_trial
 from autotune.search import TrialResult, WorkerSpec, done_path, request_path, stop_path
 
 POLL_S = 0.02
 IDLE_S = 1800.0
-WATCHDOG_S = 1.0
 
 
-def _parent_alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def wait_for_request(folder: Path, index: int, parent: int | None, idle_s: float) -> Path | None:
+def wait_for_request(folder: Path, index: int, idle_s: float) -> Path | None:
     """The next request file, or ``None`` when the group should end."""
     path = request_path(folder, index)
     deadline = time.monotonic() + idle_s
     while not path.exists():
-        if stop_path(folder).exists() or not _parent_alive(parent) or time.monotonic() > deadline:
+        if stop_path(folder).exists() or time.monotonic() > deadline:
             return None
         time.sleep(POLL_S)
     return path
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit at once when the parent is gone, even in the middle of a hung trial."""
-    while _parent_alive(parent):
-        time.sleep(WATCHDOG_S)
-    os._exit(4)
 
 
 def release_memory() -> None:
@@ -71,15 +52,13 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def serve(folder: Path, parent: int | None = None, idle_s: float = IDLE_S) -> int:
+def serve(folder: Path, idle_s: float = IDLE_S) -> int:
     """Run requests in order until told to stop; exit 1 at the first failed trial."""
     rank = ranks()[0]
-    if parent is not None:
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     watch = MemoryWatch(None)
     try:
         for index in range(sys.maxsize):
-            path = wait_for_request(folder, index, parent, idle_s)
+            path = wait_for_request(folder, index, idle_s)
             if path is None:
                 break
             spec = read_record(path, WorkerSpec, "trial request")
@@ -117,9 +96,10 @@ def _serve_one(spec: WorkerSpec, watch: MemoryWatch, rank: int, *, reused: bool)
 def main(argv: list[str] | None = None) -> int:
     """``python -m autotune.runtime.trial_server FOLDER``."""
     args = sys.argv[1:] if argv is None else argv
-    parent = os.environ.get("AUTOTUNE_PARENT_PID")
-    idle = float(os.environ.get("AUTOTUNE_IDLE_S", IDLE_S))
-    return serve(Path(args[0]), int(parent) if parent else None, idle)
+    # The group was launched through the lifeline; a rank under torchrun guards itself
+    # against torchrun: killed when it goes, even in the middle of a hung trial.
+    die_with_parent()
+    return serve(Path(args[0]), float(os.environ.get("AUTOTUNE_IDLE_S", IDLE_S)))
 
 
 if __name__ == "__main__":

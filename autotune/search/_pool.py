@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ from autotune.search._records import RunReport, TrialSettings, WorkerSpec
 from autotune.search._runner import (
     SubprocessRunner,
     _failed_to_start,
+    folder_prefix,
     free_port,
     kill_group,
     read_result,
@@ -188,16 +188,14 @@ class PoolRunner(SubprocessRunner):
         return report
 
     def _launch_group(self, plan: Plan, settings: TrialSettings) -> _Group:
-        if self.workdir is not None:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix="group-", dir=self.workdir))
+        folder = Path(tempfile.mkdtemp(prefix=folder_prefix("group"), dir=self.trial_parent()))
         port = free_port()
         env = self.child_env(plan, settings, port)
-        env.update(AUTOTUNE_PARENT_PID=str(os.getpid()), AUTOTUNE_IDLE_S=str(self.idle_s))
+        env["AUTOTUNE_IDLE_S"] = str(self.idle_s)
         log = (folder / "stderr.txt").open("ab")
         # stdout goes to the log too: DeepSpeed prints there, and --json owns our stdout.
         proc = subprocess.Popen(
-            self.command(plan, folder, port), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            self.guarded(self.command(plan, folder, port)), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             env=env, start_new_session=True,
         )  # fmt: skip
         return _Group((plan.world_size, settings.device), proc, folder, log)

@@ -3,7 +3,8 @@
 Nothing a trial starts outlives it: every launch goes through ``autotune.runtime.lifeline``
 (the launcher and each rank get SIGKILL when their parent dies, even by SIGKILL), the
 parent kills the launch's process group on every exit path, and trial folders are named
-``trial-PID-HOST.*`` so the next runner sweeps those whose process is gone.
+``trial-PID-HOST.*`` (a pooled group's ``group-PID-HOST.*``) so the next runner sweeps
+those whose process is gone.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ WORKER_MODULE = "autotune.runtime.trial_worker"
 LIFELINE_MODULE = "autotune.runtime.lifeline"
 LIFELINE_ENV = "AUTOTUNE_PARENT_PID"
 """Names the process whose death ends the child (read by ``autotune.runtime.lifeline``)."""
-_FOLDER = re.compile(r"trial-(?P<pid>\d+)-(?P<host>.+)\.[^.]+")
+_FOLDER = re.compile(r"(?:trial|group)-(?P<pid>\d+)-(?P<host>.+)\.[^.]+")
 TAIL_CHARS = 4000
 EXTENSIONS_DIR = Path("~/.cache/autotune-torch-extensions").expanduser()
 # A launch that dies with one of these before its first step lost a port race or a
@@ -88,9 +89,15 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def folder_prefix(kind: str) -> str:
+    """The name prefix of this process's ``kind`` (``trial`` or ``group``) folders."""
+    return f"{kind}-{os.getpid()}-{socket.gethostname()}."
+
+
 def sweep_trial_folders(folder: Path) -> list[Path]:
-    """Remove ``trial-PID-HOST.*`` folders left by a process of this host that is gone
-    (one killed with SIGKILL cannot remove its own). Returns what was removed.
+    """Remove ``trial-PID-HOST.*`` and ``group-PID-HOST.*`` folders left by a process of
+    this host that is gone (one killed with SIGKILL cannot remove its own). Returns what
+    was removed.
     """
     host, removed = socket.gethostname(), []
     with contextlib.suppress(OSError):
@@ -197,16 +204,24 @@ class SubprocessRunner(TrialRunner):
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         return env
 
-    def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
+    def trial_parent(self) -> Path:
+        """The folder trial folders go in; the first call sweeps those of dead processes."""
         parent = self.workdir or Path(tempfile.gettempdir())
         parent.mkdir(parents=True, exist_ok=True)
         if not self._swept:
             sweep_trial_folders(parent)
             self._swept = True
+        return parent
+
+    def guarded(self, cmd: list[str]) -> list[str]:
+        """``cmd`` started through the lifeline: it dies with this process, even by SIGKILL."""
+        return [self.python, "-m", LIFELINE_MODULE, *cmd]
+
+    def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
+        parent = self.trial_parent()
         key = f"{settings.device}-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}"
         lock = host_lock(key) if self.one_at_a_time else contextlib.nullcontext()
-        prefix = f"trial-{os.getpid()}-{socket.gethostname()}."
-        with lock, tempfile.TemporaryDirectory(prefix=prefix, dir=parent) as tmp:
+        with lock, tempfile.TemporaryDirectory(prefix=folder_prefix("trial"), dir=parent) as tmp:
             folder = Path(tmp)
             result_path = folder / "result.json"
             spec = WorkerSpec(
@@ -239,7 +254,7 @@ class SubprocessRunner(TrialRunner):
             # stdout goes to the log too: DeepSpeed prints there, and --json owns our stdout.
             # Through the lifeline: the launch dies with this process even if it is SIGKILLed.
             proc = subprocess.Popen(
-                [self.python, "-m", LIFELINE_MODULE, *cmd], stdin=subprocess.DEVNULL,
+                self.guarded(cmd), stdin=subprocess.DEVNULL,
                 stdout=err, stderr=err, env=env, start_new_session=True,
             )  # fmt: skip
             timed_out = False

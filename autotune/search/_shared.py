@@ -43,19 +43,22 @@ class Heartbeat:
 
 
 def retries_waiting(study: Any) -> bool:
-    """Whether a lost trial was queued again and no worker has taken it yet.
+    """Whether a trial given back or lost was queued again and no worker has taken it yet.
 
     A retry runs even when the study has its count of measured trials: the plan
     was started and must be measured, not dropped.
     """
     from optuna.trial import TrialState as State
 
-    waiting = study.get_trials(deepcopy=False, states=(State.WAITING,))
-    return any("failed_trial" in trial.system_attrs for trial in waiting)
+    return any(map(_study.is_retry, study.get_trials(deepcopy=False, states=(State.WAITING,))))
 
 
 def recover(study: Any, notes: list[str]) -> None:
-    """Fail and requeue the trials of dead workers, noting each once."""
+    """Fail and requeue the trials of dead workers, noting each once: at once for a
+    process of this host that is gone, after 3 silent heartbeats for any other."""
+    for number in _study.fail_dead_local(study):
+        notes.append(f"trial {number} was left running by a killed process: "
+                     "marked failed and queued again")  # fmt: skip
     for number in _study.recover_stale(study):
         notes.append(
             f"trial {number} lost its worker (no heartbeat for 3 intervals): "

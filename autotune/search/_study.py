@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.records import AutotuneError, Plan
 from autotune.search._records import Role, TrialRecord, TrialState
+from autotune.search._runner import pid_alive
 from autotune.search._space import SearchSpace
 from autotune.search._storage_errors import (
     check_sqlite_path,
@@ -24,6 +25,8 @@ from autotune.search._storage_errors import (
 DEFAULT_STORAGE = "autotune-tune.db"
 HEARTBEAT_S = 10
 """Seconds between a running trial's heartbeats; a trial silent for 3 of them is lost."""
+RETRY_OF = "retry_of"
+"""User attribute of a queued trial that re-runs a trial given back or lost (its number)."""
 _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running"}
 _SQLITE_MAGIC = b"SQLite format 3"
 _POSTGRES = ("postgresql://", "postgres://")
@@ -206,15 +209,20 @@ def beat(study: Any, trial: Any) -> None:
 
 
 def lost(trial: Any) -> bool:
-    """Whether a stored trial was failed for lack of heartbeats (it has no outcome)."""
-    return trial.state.name == "FAIL" and "outcome" not in trial.user_attrs
+    """Whether a stored trial was failed for lack of heartbeats (no outcome, and no reason:
+    a trial given back has one)."""
+    attrs = trial.user_attrs
+    return trial.state.name == "FAIL" and "outcome" not in attrs and "reason" not in attrs
 
 
 def ask(study: Any, space: SearchSpace) -> tuple[Any, Plan, Role]:
-    """The next trial and its plan (an enqueued plan verbatim, else the sampler's point)."""
+    """The next trial and its plan: a retry first (a plan given back or lost, which a
+    resumed run owes), then an enqueued plan verbatim, else the sampler's point."""
     with warnings.catch_warnings():  # Optuna expects heartbeats with optimize(); we beat ourselves
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
-        trial = study.ask(fixed_distributions=distributions(space))
+        trial = _pop_retry(study, space)
+        if trial is None:
+            trial = study.ask(fixed_distributions=distributions(space))
     beat(study, trial)  # at once: a trial with no heartbeat yet would never be found lost
     attrs = trial.user_attrs
     plan = Plan.model_validate(attrs["plan"]) if "plan" in attrs else space.plan(trial.params)
@@ -224,6 +232,40 @@ def ask(study: Any, space: SearchSpace) -> tuple[Any, Plan, Role]:
     trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("pid", os.getpid())
     return trial, plan, role
+
+
+def _pop_retry(study: Any, space: SearchSpace) -> Any:
+    """Take the oldest queued retry (as ``Study.ask`` takes the oldest queued trial), or ``None``.
+
+    Its parameters are suggested from the fixed values it was queued with.
+    """
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState as State
+
+    for waiting in study.get_trials(deepcopy=False, states=(State.WAITING,)):
+        if not is_retry(waiting):
+            continue
+        try:  # False, or an error: another worker took it first
+            if not study._storage.set_trial_state_values(waiting._trial_id, state=State.RUNNING):
+                continue
+        except UpdateFinishedTrialError:
+            continue
+        trial = optuna.Trial(study, waiting._trial_id)
+        for name, dist in distributions(space).items():
+            if isinstance(dist, CategoricalDistribution):
+                trial.suggest_categorical(name, dist.choices)
+            else:
+                trial.suggest_int(name, dist.low, dist.high)
+        return trial
+    return None
+
+
+def is_retry(trial: Any) -> bool:
+    """Whether a stored trial re-runs a plan that was started and not measured: queued by
+    :func:`give_back` or :func:`fail_dead_local`, or by Optuna's heartbeat retry callback."""
+    return RETRY_OF in trial.user_attrs or "failed_trial" in trial.system_attrs
 
 
 def to_record(trial: Any) -> TrialRecord | None:
@@ -264,20 +306,47 @@ def store(trial: Any, record: dict[str, Any]) -> None:
 
 def give_back(study: Any, trial: Any, why: str) -> bool:
     """Mark a trial this process is running failed (``why`` as its reason) and queue its
-    plan again, so an interrupted run loses nothing and the next run measures it.
+    plan again, so an interrupted run loses nothing and the next run measures it first.
 
     Returns:
         ``False`` when the trial had already finished (nothing to give back).
     """
+    return _fail_and_requeue(study, study._storage.get_trial(trial._trial_id), why)
+
+
+def fail_dead_local(study: Any) -> list[int]:
+    """Give back the trials left RUNNING by a process of this host that is gone (killed
+    with SIGKILL: it could not give them back itself), without waiting for heartbeats.
+
+    Returns:
+        The numbers of the trials this call failed and queued again.
+    """
     from optuna.trial import TrialState as State
 
-    stored = study._storage.get_trial(trial._trial_id)
+    host, failed = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(State.RUNNING,)):
+        pid = trial.user_attrs.get("pid")
+        if trial.user_attrs.get("host") != host or not isinstance(pid, int) or pid_alive(pid):
+            continue
+        if _fail_and_requeue(study, trial, f"left running by a killed process (pid {pid})"):
+            failed.append(trial.number)
+    return failed
+
+
+def _fail_and_requeue(study: Any, stored: Any, why: str) -> bool:
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState as State
+
     if stored.state != State.RUNNING:
         return False
-    study._storage.set_trial_user_attr(trial._trial_id, "reason", f"{why}: queued again")
-    study.tell(trial.number, state=State.FAIL)
+    try:  # of two workers failing one trial, the second finds it finished
+        study._storage.set_trial_user_attr(stored._trial_id, "reason", f"{why}: queued again")
+        study._storage.set_trial_state_values(stored._trial_id, state=State.FAIL)
+    except UpdateFinishedTrialError:
+        return False
     attrs = stored.user_attrs
     if "plan" in attrs:
-        requeue = {"plan": attrs["plan"], "role": attrs.get("role", "search")}
+        requeue = {"plan": attrs["plan"], "role": attrs.get("role", "search"),
+                   RETRY_OF: stored.number}  # fmt: skip
         study.enqueue_trial(dict(stored.params), user_attrs=requeue)
     return True

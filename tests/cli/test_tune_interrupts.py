@@ -103,7 +103,8 @@ def _gone_after(pid: int, seconds: float) -> bool:
 
 
 def _trial_folders(root: Path) -> list[Path]:
-    return sorted((root / "tmp").glob("trial-*"))
+    """Folders of per-trial launches (``trial-*``) and of pooled worker groups (``group-*``)."""
+    return sorted(p for p in (root / "tmp").iterdir() if p.name.startswith(("trial-", "group-")))
 
 
 def _trials(run: Path) -> list[object]:
@@ -144,12 +145,6 @@ def _measured_plans(run: Path) -> list[str]:
             for t in _trials(run) if t.user_attrs.get("outcome")]  # type: ignore[attr-defined]  # fmt: skip
 
 
-@pytest.mark.xfail(
-    reason="written against per-trial workers; since the pooled runner (issue 13) and heartbeat "
-    "recovery (issue 12) were merged, trial folders are group-* and the resumed study may stop "
-    "before re-running the given-back plan: to be re-fitted (closing note)",
-    strict=False,
-)
 def test_sigint_and_sigterm_give_the_trial_back_and_the_study_resumes(setup: Path) -> None:
     run, flag = setup / "signals", setup / "hang.flag"
     for signum, code, line in ((signal.SIGINT, 130, "autotune: interrupted"),
@@ -176,12 +171,6 @@ def test_sigint_and_sigterm_give_the_trial_back_and_the_study_resumes(setup: Pat
     assert _trial_folders(setup) == []
 
 
-@pytest.mark.xfail(
-    reason="written against per-trial workers; since the pooled runner (issue 13) and heartbeat "
-    "recovery (issue 12) were merged, trial folders are group-* and the resumed study may stop "
-    "before re-running the given-back plan: to be re-fitted (closing note)",
-    strict=False,
-)
 def test_sigkill_of_tune_leaves_no_worker_and_the_next_run_sweeps_and_resumes(setup: Path) -> None:
     run, flag = setup / "sigkill", setup / "hang9.flag"
     flag.write_text("hang")

@@ -148,9 +148,14 @@ def test_killed_study_resumes_without_losing_or_redoing_trials(tmp_path: Path) -
     done_plans = [Plan.model_validate(t.user_attrs["plan"]) for t in finished]
     assert not set(map(str, done_plans)) & set(map(str, ran)), "a finished trial was redone"
     stale_plan = Plan.model_validate(left_running[0].user_attrs["plan"])
-    assert stale_plan in ran, "the trial left running was not rerun"
+    # Owed first: the resumed run measures the plan it was left running before anything new,
+    # found at once (its process is gone), not after three silent heartbeats.
+    assert ran[0] == stale_plan, "the trial left running was not rerun first"
     after = optuna.load_study(study_name="autotune", storage=f"sqlite:///{storage}").get_trials()
-    assert after[left_running[0].number].state.name == "FAIL"
+    stale = after[left_running[0].number]
+    assert stale.state.name == "FAIL"
+    assert stale.user_attrs["reason"].startswith(f"left running by a killed process (pid {killed.pid})")
+    assert any("left running by a killed process" in n for n in json.loads(resumed.stdout)["notes"])
     assert all(after[t.number].state == t.state for t in finished)
     measured = [t for t in after if t.user_attrs.get("outcome")]
     assert len(measured) == 6
