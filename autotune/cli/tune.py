@@ -46,7 +46,7 @@ def tune_command(
     interval: float = typer.Option(0.05, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
     max_steps: int = typer.Option(20, "--max-steps", min=1, help="Most measured steps per trial when measuring to --interval."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Interleaved re-runs of best, baseline and runner-up."),
+    repeats: int = typer.Option(3, "--repeats", min=0, help="Interleaved re-runs of best, baseline and runner-up (0: none; the search's single runs are compared, and the record says so)."),
     device: str = typer.Option("auto", "--device", callback=device_name, help="auto, cpu, cuda or cuda:N."),
     profile: Path | None = typer.Option(None, "--profile", help="A saved profile (default: a short fresh one)."),
     baseline: str | None = typer.Option(None, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
@@ -235,9 +235,11 @@ def _render_recommendation(record: Any) -> None:
         spread = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
         tokens = f", {measured.tokens_per_s:,.0f} tok/s" if measured.tokens_per_s else ""
         mark = "*" if index == comparison.winner else " "
+        how = (f"measured, median of {measured.repeats}" if comparison.repeats
+               else "one search run, not re-run: --repeats 0")  # fmt: skip
         console.print(f"{mark} {label}: {measured.plan.describe()}: {measured.samples_per_s:.2f} samples/s"
                       f"{spread}{tokens}, peak {format_bytes(measured.peak_memory_bytes)} "
-                      f"(measured, median of {measured.repeats})")  # fmt: skip
+                      f"({how})")  # fmt: skip
     if rec.speedup is not None and rec.speedup_interval is not None:
         low, high = rec.speedup_interval
         console.print(

@@ -75,7 +75,10 @@ class RendezvousLauncher(SubprocessRunner):
     alone (a lone relaunch cannot meet the other nodes again)."""
 
     def __init__(self, job: dict[str, Any], **kwargs: Any) -> None:
-        super().__init__(retries=0, **kwargs)
+        # No host lock: the ranks of one job must start together, and two agents on one
+        # host (a simulated node each) would otherwise wait for each other at the lock
+        # while torchrun waits for them at the rendezvous. The asker posts one job at a time.
+        super().__init__(retries=0, one_at_a_time=False, **kwargs)
         self.job = job
 
     def command(self, plan: Plan, spec_path: Path, port: int) -> list[str]:

@@ -131,6 +131,9 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
     if comparison.repeats:
         notes.append(f"search best, baseline and runner-up re-run {comparison.repeats}x interleaved: "
                      "medians; intervals are min-max over the repeats")  # fmt: skip
+    else:
+        notes.append("repeats=0: nothing re-run; the search's single runs are compared, so the "
+                     "ranking and the speedup carry the machine's run-to-run noise and no interval")  # fmt: skip
     if labels[comparison.winner] not in (BEST, BOTH):
         notes.append(f"the {labels[comparison.winner]} measured fastest in the re-runs, "
                      f"not the search's best ({ranked[0].plan.describe()})")  # fmt: skip

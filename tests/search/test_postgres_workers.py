@@ -21,7 +21,7 @@ TRIALS = 6
 def _command(model: Path, url: str, out: Path) -> list[str]:
     return [
         str(Path(sys.executable).with_name("autotune")), "tune", str(model), "--global-batch", "8",
-        "--trials", str(TRIALS), "--repeats", "1", "--steps", "1", "--warmup", "0",
+        "--trials", str(TRIALS), "--repeats", "0", "--steps", "1", "--warmup", "0",
         "--device", "cpu", "--storage", url, "--study", "shared", "--heartbeat", "1",
         "--out-dir", str(out), "--json",
     ]  # fmt: skip
@@ -95,11 +95,6 @@ def _describe(plan: dict[str, Any]) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="needs `--repeats 0`, which issue 17 refuses at the command line; with `--repeats 1` "
-    "the final comparison over agents outlasts the test's timeout: to be re-fitted (closing note)",
-    strict=False,
-)
 def test_two_workers_on_postgres_lose_nothing_when_one_is_killed(
     postgres_url: str, examples_dir: Path, tmp_path: Path
 ) -> None:
@@ -125,7 +120,10 @@ def test_two_workers_on_postgres_lose_nothing_when_one_is_killed(
     by_number = {t.number: t for t in trials}
     measured = [t for t in trials if "outcome" in t.user_attrs]
     plans = [json.dumps(t.user_attrs["plan"], sort_keys=True) for t in measured]
-    retries = [t for t in trials if t.system_attrs.get("failed_trial") == killed.number]
+    # Re-queued by whichever worker saw it first: at once (its pid gone on this host) or by
+    # Optuna's heartbeat retry (silent for 3 beats).
+    retries = [t for t in trials if killed.number in (t.system_attrs.get("failed_trial"),
+                                                      t.user_attrs.get("retry_of"))]  # fmt: skip
     lost = [n for n in complete if by_number[n].state.name != "COMPLETE"]
     records = [json.loads((tmp_path / name / "stdout.json").read_text()) for name in ("a", "b2")]
     figures = {

@@ -223,6 +223,25 @@ def test_rerun_medians_not_search_numbers_pick_the_winner(tmp_path: Path) -> Non
     assert any("measured fastest in the re-runs" in note for note in rec.notes)
 
 
+def test_repeats_0_compares_the_single_search_runs_and_says_so(tmp_path: Path) -> None:
+    def lucky(plan: Plan, s: TrialSettings) -> TrialResult:
+        speed = 50.0 if plan.micro_batch == 4 else 10.0 + plan.micro_batch
+        return TrialResult(completed_steps=2, samples_per_s=speed, peak_memory_bytes=[1])
+
+    runner = FakeRunner(lucky)
+    record = tune(
+        "model.py", global_batch=8, settings=settings(tmp_path), runner=runner,
+        baseline=Plan(micro_batch=8), trials=4, storage=str(tmp_path / "s.db"), repeats=0,
+    )  # fmt: skip
+    comparison, rec = record.comparison, record.recommendation
+    assert comparison is not None and rec is not None and comparison.repeats == 0
+    assert len(runner.plans) == 4, "repeats=0 re-ran a plan"
+    # The single search runs decide: 50 / 18 samples/s, with no interval.
+    assert rec.plan.micro_batch == 4 and rec.speedup == 50.0 / 18.0
+    assert rec.speedup_interval is None
+    assert any(n.startswith("repeats=0: nothing re-run") for n in rec.notes)
+
+
 def test_budget_and_prediction_meet_the_live_tensor_peak_not_rss(tmp_path: Path) -> None:
     def worker_like(plan: Plan, s: TrialSettings) -> TrialResult:
         # What the real CPU worker reports: the live-tensor peak judged, RSS growth 6x beside it.
