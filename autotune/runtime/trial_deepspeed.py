@@ -7,7 +7,14 @@ import contextlib
 import time
 from typing import Any
 
-from autotune.runtime.trial_steps import Steps, cuda_peak, live_peak, load_cached, ranks
+from autotune.runtime.trial_steps import (
+    Steps,
+    cuda_peak,
+    live_peak,
+    load_cached,
+    ranks,
+    tensors_on,
+)
 from autotune.search import TrialResult, WorkerSpec
 
 
@@ -22,25 +29,6 @@ def _cast_floats(batch: Any, dtype: Any) -> Any:
     if isinstance(batch, list | tuple):
         return type(batch)(_cast_floats(value, dtype) for value in batch)
     return batch
-
-
-def _tensors_on(device: Any) -> list[Any]:
-    """Every tensor object alive in this process on ``device``'s type (a gc walk)."""
-    import gc
-    import warnings
-
-    import torch
-
-    found = []
-    with warnings.catch_warnings():  # isinstance on deprecated module proxies warns
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
-            try:
-                if isinstance(obj, torch.Tensor) and obj.device.type == device.type:
-                    found.append(obj)
-            except Exception:  # proxies and half-built objects: not tensors we can size
-                continue
-    return found
 
 
 def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
@@ -94,7 +82,7 @@ def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     cuda = cuda_peak(engine.device)
     # The engine's flat buffers and partitions are not all reachable from the model or
     # the optimizer, so everything alive on the device counts as present at the start.
-    live = live_peak(engine.device, _tensors_on(engine.device), step)
+    live = live_peak(engine.device, tensors_on(engine.device), step)
     tokens = model_file.tokens_per_sample(last[0])
     device = engine.device
     batches.close()

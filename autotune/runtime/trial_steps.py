@@ -87,6 +87,25 @@ def ranks() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def tensors_on(device: Any) -> list[Any]:
+    """Every tensor object alive in this process on ``device``'s type (a gc walk)."""
+    import gc
+    import warnings
+
+    import torch
+
+    found = []
+    with warnings.catch_warnings():  # isinstance on deprecated module proxies warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.Tensor) and obj.device.type == device.type:
+                    found.append(obj)
+            except Exception:  # proxies and half-built objects: not tensors we can size
+                continue
+    return found
+
+
 def live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) -> int:
     """Most live tensor bytes on ``device`` during ``step()``, ``existing`` tensors included.
 

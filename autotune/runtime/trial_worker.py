@@ -21,6 +21,7 @@ from autotune.runtime.trial_steps import (
     load_cached,
     ranks,
     shut_down,
+    tensors_on,
 )
 from autotune.search import StepSplit, TrialResult, WorkerSpec
 
@@ -128,10 +129,9 @@ def run_trial(
 
 def _fsdp2_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     from autotune.runtime.fsdp import fsdp2_trial
-    from autotune.runtime.trial_deepspeed import _tensors_on
 
     return fsdp2_trial(
-        spec, steps, lambda device, step: live_peak(device, _tensors_on(device), step)
+        spec, steps, lambda device, step: live_peak(device, tensors_on(device), step)
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _processes import gone_within
 
 pytestmark = pytest.mark.slow
 
@@ -89,19 +90,6 @@ def _hung_worker(flag: Path, proc: subprocess.Popen[str]) -> int:
     return pid
 
 
-def _gone_after(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
 def _trial_folders(root: Path) -> list[Path]:
     """Folders of per-trial launches (``trial-*``) and of pooled worker groups (``group-*``)."""
     return sorted(p for p in (root / "tmp").iterdir() if p.name.startswith(("trial-", "group-")))
@@ -126,7 +114,7 @@ def _interrupt(root: Path, run: Path, flag: Path, signum: int) -> tuple[int, str
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if not _gone_after(worker, 2.0):
+        if not gone_within(worker, 2.0):
             os.kill(worker, signal.SIGKILL)
             raise AssertionError("the trial worker outlived tune")
     return proc.returncode, err, worker
@@ -178,7 +166,7 @@ def test_sigkill_of_tune_leaves_no_worker_and_the_next_run_sweeps_and_resumes(se
     worker = _hung_worker(flag, proc)
     os.kill(proc.pid, signal.SIGKILL)  # tune alone: the worker is in a session of its own
     proc.communicate(timeout=60)
-    assert _gone_after(worker, 2.0), "the trial worker outlived a SIGKILLed tune"
+    assert gone_within(worker, 2.0), "the trial worker outlived a SIGKILLed tune"
     assert [t.state.name for t in _trials(run)].count("RUNNING") == 1  # type: ignore[attr-defined]
     assert len(_trial_folders(setup)) == 1  # nothing can clean up after SIGKILL ...
     flag.unlink()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _processes import gone_within
 
 from autotune.search import LIFELINE_ENV, LIFELINE_MODULE
 
@@ -60,19 +61,6 @@ def _wait_for(path: Path, timeout: float = 60.0) -> str:
     raise AssertionError(f"{path} never appeared")
 
 
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
 def _launcher_pid(parent: int) -> int:
     children = psutil.Process(parent).children()
     assert len(children) == 1
@@ -95,8 +83,8 @@ def test_sigkilled_parent_takes_launcher_and_rank_with_it(tmp_path: Path) -> Non
         assert LIFELINE_MODULE not in psutil.Process(launcher).cmdline()
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
-        assert _gone_within(launcher, 2.0), "the launcher outlived its SIGKILLed parent"
-        assert _gone_within(rank, 2.0), "the rank outlived its SIGKILLed launcher"
+        assert gone_within(launcher, 2.0), "the launcher outlived its SIGKILLed parent"
+        assert gone_within(rank, 2.0), "the rank outlived its SIGKILLed launcher"
     finally:
         for pid in [parent.pid, *started]:  # a failing run must not leave them behind
             with contextlib.suppress(ProcessLookupError):

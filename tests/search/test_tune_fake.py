@@ -154,7 +154,9 @@ def test_killed_study_resumes_without_losing_or_redoing_trials(tmp_path: Path) -
     after = optuna.load_study(study_name="autotune", storage=f"sqlite:///{storage}").get_trials()
     stale = after[left_running[0].number]
     assert stale.state.name == "FAIL"
-    assert stale.user_attrs["reason"].startswith(f"left running by a killed process (pid {killed.pid})")
+    assert stale.user_attrs["reason"].startswith(
+        f"left running by a killed process (pid {killed.pid})"
+    )
     assert any("left running by a killed process" in n for n in json.loads(resumed.stdout)["notes"])
     assert all(after[t.number].state == t.state for t in finished)
     measured = [t for t in after if t.user_attrs.get("outcome")]
