@@ -17,7 +17,9 @@ import optuna
 
 from autotune.records import Plan
 from autotune.search import FakeRunner, TrialResult, TrialSettings, tune
-from autotune.search._final import ATTR, claim
+from autotune.search._final import ATTR, claim, comparison_key
+from autotune.search._records import TrialRecord
+from autotune.search._tune import best_records
 
 WORKER = textwrap.dedent(
     """
@@ -144,3 +146,21 @@ def test_the_claim_goes_to_exactly_one_caller_per_key(tmp_path: Path) -> None:
     assert claim(study, "4t-3r") is True
     assert claim(study, "4t-3r") is False
     assert claim(study, "5t-3r") is True
+
+
+def _done(number: int, micro_batch: int, speed: float, role: str = "search") -> TrialRecord:
+    plan = Plan(micro_batch=micro_batch, grad_accum=8 // micro_batch)
+    return TrialRecord(number=number, plan=plan, role=role, state="complete", outcome="ok",
+                       samples_per_s=speed)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_the_key_changes_only_when_what_would_be_compared_changes() -> None:
+    base = _done(0, 8, 10.0, "baseline")
+    trials = [base, _done(1, 4, 14.0), _done(2, 2, 12.0)]
+    key = comparison_key(best_records(trials), base, 2)
+    # A slower trial (neither best nor runner-up) leaves the comparison as it was ...
+    assert comparison_key(best_records([*trials, _done(3, 1, 9.0)]), base, 2) == key
+    # ... a new best or runner-up, or other repeats, makes another one due.
+    assert comparison_key(best_records([*trials, _done(3, 1, 20.0)]), base, 2) != key
+    assert comparison_key(best_records([*trials, _done(3, 1, 13.0)]), base, 2) != key
+    assert comparison_key(best_records(trials), base, 3) != key
