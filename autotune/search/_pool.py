@@ -175,12 +175,13 @@ class PoolRunner(SubprocessRunner):
         if group is not None and not group.alive():
             self._groups.pop(key).close(kill=True)
             group = None
-        requested_at = time.time()
-        if group is None:
-            group = self._groups[key] = self._launch_group(plan, settings)
-        spec = WorkerSpec(settings=settings, plan=plan, warmup_only=warmup_only,
-                          result_path=str(group.folder / f"result-{group.index}.json"))  # fmt: skip
-        report = group.submit(spec, settings.timeout_s, requested_at)
+        with self.device_lock(settings):  # a live group between trials loads nothing
+            requested_at = time.time()  # after the wait for the lock: not the trial's cost
+            if group is None:
+                group = self._groups[key] = self._launch_group(plan, settings)
+            spec = WorkerSpec(settings=settings, plan=plan, warmup_only=warmup_only,
+                              result_path=str(group.folder / f"result-{group.index}.json"))  # fmt: skip
+            report = group.submit(spec, settings.timeout_s, requested_at)
         if report.returncode != 0 or report.timed_out or not group.alive():
             # Nothing an earlier trial broke may measure the next one: relaunch fresh.
             self._groups.pop(key, None)

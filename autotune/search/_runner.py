@@ -109,19 +109,33 @@ def sweep_trial_folders(folder: Path) -> list[Path]:
     return removed
 
 
+def device_units(device: str) -> list[str]:
+    """What a launch on ``device`` occupies on this host: each CPU of this process's
+    affinity (trials inherit it), or each GPU of ``CUDA_VISIBLE_DEVICES`` (``all`` unset)."""
+    if device.startswith("cuda"):
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+        return [f"cuda-{v}" for v in visible if v] or ["cuda-all"]
+    return [f"cpu-{c}" for c in sorted(os.sched_getaffinity(0))]
+
+
+def lock_path(unit: str) -> Path:
+    """This host's lock file for one device unit (per user)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", unit)
+    return Path(tempfile.gettempdir()) / f"autotune-trials-{os.getuid()}-{name}.lock"
+
+
 @contextlib.contextmanager
-def host_lock(key: str) -> Iterator[None]:
-    """Hold this host's lock for ``key`` (a device): measured work of concurrent workers
-    on one machine runs one launch at a time instead of measuring each other's load.
+def host_lock(units: list[str]) -> Iterator[None]:
+    """Hold this host's lock of every unit in ``units``: measured work of concurrent
+    workers on one machine takes turns where their devices overlap (workers on disjoint
+    CPU sets or GPUs run at once) instead of measuring each other's load.
     """
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
-    path = Path(tempfile.gettempdir()) / f"autotune-trials-{os.getuid()}-{name}.lock"
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with contextlib.ExitStack() as held:
+        for unit in sorted(set(units)):  # one order in every process: no deadlock
+            handle = held.enter_context(lock_path(unit).open("a"))
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held.callback(fcntl.flock, handle, fcntl.LOCK_UN)
+        yield
 
 
 class SubprocessRunner(TrialRunner):
@@ -213,15 +227,20 @@ class SubprocessRunner(TrialRunner):
             self._swept = True
         return parent
 
+    def device_lock(self, settings: TrialSettings) -> contextlib.AbstractContextManager[None]:
+        """The host lock a launch on ``settings.device`` holds while it runs (none if not
+        ``one_at_a_time``)."""
+        if not self.one_at_a_time:
+            return contextlib.nullcontext()
+        return host_lock(device_units(settings.device))
+
     def guarded(self, cmd: list[str]) -> list[str]:
         """``cmd`` started through the lifeline: it dies with this process, even by SIGKILL."""
         return [self.python, "-m", LIFELINE_MODULE, *cmd]
 
     def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
         parent = self.trial_parent()
-        key = f"{settings.device}-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}"
-        lock = host_lock(key) if self.one_at_a_time else contextlib.nullcontext()
-        with lock, tempfile.TemporaryDirectory(prefix=folder_prefix("trial"), dir=parent) as tmp:
+        with self.device_lock(settings), tempfile.TemporaryDirectory(prefix=folder_prefix("trial"), dir=parent) as tmp:
             folder = Path(tmp)
             result_path = folder / "result.json"
             spec = WorkerSpec(
