@@ -12,8 +12,8 @@ fresh folder with its own $TMPDIR and sqlite study, and fires once:
   an exception at import); the run goes on.
 
 Measured, per fault, by psutil and by the study read back with Optuna: processes that
-tune started and that are still alive 2 s after the faulted run ended; `trial-*` folders
-left after it and after the next run; trials lost (a plan whose trial was stopped or left
+tune started and that are still alive 2 s after the faulted run ended; trial folders
+(`trial-*`, and a pooled worker group's `group-*`) left after it and after the next run; trials lost (a plan whose trial was stopped or left
 RUNNING and never decided afterwards); trials duplicated (a plan measured twice); and
 whether every plan started was decided (measured, or pruned with a reason) exactly once
 and a recommendation written.
@@ -190,7 +190,7 @@ def _study(folder: Path) -> dict[str, object]:
 
 
 def _folders(folder: Path) -> int:
-    return len(list((folder / "tmp").glob("trial-*")))
+    return sum(1 for p in (folder / "tmp").iterdir() if p.name.startswith(("trial-", "group-")))
 
 
 def run_fault(fault: Fault, root: Path, profile: Path) -> dict[str, object]:
@@ -231,7 +231,7 @@ def main() -> None:
             sys.stderr.write(f"{fault.name} ...\n")
             rows.append(run_fault(fault, root, profile))
     print("| fault | injected | exit of the faulted run | processes left after 2 s | "
-          "`trial-*` folders left (after it / after the next run) | trials lost | "
+          "`trial-*`/`group-*` folders left (after it / after the next run) | trials lost | "
           "trials duplicated | faulty trial recorded as | every started plan decided once, "
           "recommendation written |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
