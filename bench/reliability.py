@@ -145,8 +145,11 @@ def _run(folder: Path, profile: Path, fault: Fault, armed: bool) -> tuple[int, l
     """One tune run, the fault armed or not; its exit status and the processes it left."""
     if armed:
         (folder / "fault.flag").write_text("armed")
+    # SIGINT at its default in tune even when this bench runs in the background, where the
+    # shell starts it (and so its children) with SIGINT ignored.
     proc = subprocess.Popen(_command(folder, profile, fault), env=_env(folder, fault, armed),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     watch, fired = Watch(proc.pid), Path(f"{folder / 'fault.flag'}.pid")
     sent = False
     while proc.poll() is None:

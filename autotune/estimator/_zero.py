@@ -296,8 +296,11 @@ def zero_engine_bytes(
     - at the optimizer step the fp32 gradient partition (s12:3118) and Adam's two
       temporaries of the flat partition (adam.py's single-tensor path) are live;
     - stage 3 holds its partitions, a gradient partition buffer from the start
-      (s3:791) and one bucket (s3:782); the fp32 master aliases the partition in
-      fp32 training (s3:1167); with ``stage3_max_reuse_distance`` at its default
+      (s3:791) and one bucket (s3:782); its fp32 master is a copy of the partition
+      even in fp32 training: the alias branch (s3:1162) compares the partition's
+      ``torch.device`` with the accelerator's device *name*, a string, which torch
+      never finds equal, so the partition is cloned (s3:1172); with
+      ``stage3_max_reuse_distance`` at its default
       every gathered parameter stays gathered from forward to backward (ppc:652).
 
     The partition ``P`` is ``trainable / N``; a partition boundary may cut one
@@ -311,7 +314,7 @@ def zero_engine_bytes(
     flatten = w * min(bucket_elements, trainable) if n > 1 else 0.0
     step = {"gradients": 4.0 * part, "temporaries": 2 * 4.0 * part}
     if zero_stage >= 3:
-        master = 0.0 if w == 4 else 4.0 * part
+        master = 4.0 * part  # cloned whatever the precision (s3:1162-1172, see above)
         base = {
             "parameters": w * part,
             "optimizer_states": master + optimizer_bytes_per_param * part,
