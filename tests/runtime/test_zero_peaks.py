@@ -7,6 +7,8 @@ CI test holds the estimate to the trial's live-tensor peak, which agreed with it
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -15,16 +17,18 @@ from pathlib import Path
 import pytest
 from _models import mlp_stack
 
+from autotune.search import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_two_rank_zero_1_2_plans_are_predicted_within_5_percent_of_the_trials(
+def test_two_rank_zero_1_2_3_plans_are_predicted_within_5_percent_of_the_trials(
     tmp_path: Path,
 ) -> None:
     model = tmp_path / "mlp.py"
     model.write_text(mlp_stack(blocks=3, width=64, hidden=256))
-    plans = ["stage=1,mb=8,ga=2", "stage=2,mb=8,ga=2"]
+    plans = ["stage=1,mb=8,ga=2", "stage=2,mb=8,ga=2", "stage=3,mb=8,ga=2"]
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "zero_peaks.py"), str(model), "--profile-batch", "8",
          "--skip-torch", "--plans", *plans],
@@ -34,3 +38,39 @@ def test_two_rank_zero_1_2_plans_are_predicted_within_5_percent_of_the_trials(
     errors = [float(x) for x in re.findall(r"\| ([+-][0-9.]+)% \|", done.stdout)]
     assert len(errors) == 2 * len(plans)  # one row per rank
     assert all(abs(error) <= 5.0 for error in errors), done.stdout
+
+
+@pytest.mark.slow
+def test_zero3_keeps_an_fp32_master_copy_beside_its_fp32_partition(tmp_path: Path) -> None:
+    """DeepSpeed's own optimizer object: the master is a second storage in fp32 training, which
+    the estimate counts (4 bytes per parameter over the ranks)."""
+    script = tmp_path / "z3.py"
+    script.write_text(Z3_MASTER)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": "0",
+           "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}  # fmt: skip
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    same, master_bytes, params = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not same, "the fp32 master aliases the partition: the estimate counts a copy"
+    from autotune.estimator._zero import zero_engine_bytes
+
+    moments = zero_engine_bytes(parameters=params, trainable=params, precision="fp32",
+                                zero_stage=3, world_size=1, bucket_elements=params,
+                                optimizer_bytes_per_param=8, largest_parameter=0)  # fmt: skip
+    # optimizer_states = master + the moments (8 bytes per parameter for AdamW)
+    assert moments["backward"]["optimizer_states"] - 8 * params == master_bytes
+
+
+Z3_MASTER = """
+import json, torch, deepspeed
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                       config={"train_batch_size": 2, "zero_optimization": {"stage": 3}})
+opt = engine.optimizer
+master, part = opt.fp32_partitioned_groups_flat[0], opt.fp16_partitioned_groups_flat[0]
+same = master.untyped_storage().data_ptr() == part.untyped_storage().data_ptr()
+params = sum(p.ds_numel for p in model.parameters())
+print(json.dumps([same, master.numel() * master.element_size(), params]))
+"""
