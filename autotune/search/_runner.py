@@ -240,7 +240,10 @@ class SubprocessRunner(TrialRunner):
 
     def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
         parent = self.trial_parent()
-        with self.device_lock(settings), tempfile.TemporaryDirectory(prefix=folder_prefix("trial"), dir=parent) as tmp:
+        with (
+            self.device_lock(settings),
+            tempfile.TemporaryDirectory(prefix=folder_prefix("trial"), dir=parent) as tmp,
+        ):
             folder = Path(tmp)
             result_path = folder / "result.json"
             spec = WorkerSpec(
