@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.confirm import ConfirmRecord, confirm_changes
 from autotune.emit import Config, code_changes_for, emit_deepspeed_config
-from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
+from autotune.estimator import DEFAULT_MARGIN, estimate_plan, facts_from_profile, fit_step_time
 from autotune.policy import load_policy, policy_plan
 from autotune.records import (
     AutotuneError,
@@ -78,20 +78,24 @@ def make_predict(
     device_memory: int | None,
     inter_gbps: float | None = None,
     refine: list[ProfileRecord] | None = None,
+    margin: float = DEFAULT_MARGIN,
 ) -> Predict:
     """The estimate as a ``plan -> Prediction`` function (pure once the facts are read).
 
     ``inter_gbps``: the link between nodes, which the estimate's communication time uses
     for plans over several nodes. ``refine``: more profiles of the same model (another
     batch size, or checkpointing switched) that the step-time model is fitted to
-    (:func:`fit_step_time`).
+    (:func:`fit_step_time`). ``margin``: the share of ``device_memory`` kept free; a plan
+    fits when its predicted peak is at most the rest.
     """
     facts = facts_from_profile(profile)
     for other in refine or []:
         facts = fit_step_time(facts, other)
 
     def predict(plan: Plan) -> Prediction:
-        estimate = estimate_plan(facts, plan, device_memory=device_memory, inter_gbps=inter_gbps)
+        estimate = estimate_plan(
+            facts, plan, device_memory=device_memory, inter_gbps=inter_gbps, margin=margin
+        )
         peak, ratio = estimate.memory.peak, estimate.predicted_step_time_ratio
         if estimate.fits is not False:
             return Prediction(True, peak, estimate.source, step_time_ratio=ratio)
@@ -171,6 +175,7 @@ def tune_model(
     rdzv_endpoint: str | None = None,
     join_timeout: float = JOIN_TIMEOUT_S,
     inter_gbps: float | None = None,
+    margin: float = DEFAULT_MARGIN,
     **options: Any,
 ) -> TuneRecord:
     """Everything ``autotune tune`` does before and around :func:`tune`.
@@ -186,7 +191,8 @@ def tune_model(
     ``model_path``, ``hf_config`` or ``hf_model`` with ``seq_len`` name a Hugging
     Face model (:func:`autotune.runtime.hf.model_source`). With ``nodes`` > 1 each
     trial spans that many nodes: an ``autotune agent`` on every node launches its
-    ``nproc`` ranks, meeting at ``rdzv_endpoint`` (HOST:PORT).
+    ``nproc`` ranks, meeting at ``rdzv_endpoint`` (HOST:PORT). ``margin``: the share of
+    ``device_memory`` the estimate keeps free when it prunes plans that cannot fit.
     """
     from autotune.runtime.hf import model_source
 
@@ -200,7 +206,7 @@ def tune_model(
             baseline=baseline, steps=steps, warmup=warmup, interval_width=interval_width,
             max_steps=max_steps, trial_timeout=trial_timeout,
             runner=runner, progress=progress, nodes=nodes, rdzv_endpoint=rdzv_endpoint,
-            join_timeout=join_timeout, inter_gbps=inter_gbps, **options,
+            join_timeout=join_timeout, inter_gbps=inter_gbps, margin=margin, **options,
         )  # fmt: skip
 
 
@@ -226,6 +232,7 @@ def _tune_file(
     rdzv_endpoint: str | None,
     join_timeout: float,
     inter_gbps: float | None,
+    margin: float,
     **options: Any,
 ) -> TuneRecord:
     check_tune_options(
@@ -263,7 +270,7 @@ def _tune_file(
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    predict = make_predict(record, device_memory, inter_gbps, refine)
+    predict = make_predict(record, device_memory, inter_gbps, refine, margin)
     with contextlib.ExitStack() as owned:
         if runner is None:
             runner = owned.enter_context(PoolRunner())

@@ -39,6 +39,7 @@ def tune_command(
     budget_minutes: float | None = typer.Option(None, "--budget-minutes", callback=above(0), help="Stop starting trials after this much trial time."),
     trial_timeout: float = typer.Option(300.0, "--trial-timeout", callback=above(0), help="Seconds before a trial's process group is killed."),
     device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
+    margin: float = typer.Option(0.10, "--margin", min=0.0, max=0.9, help="Share of --device-memory the estimate keeps free: plans predicted above the rest are pruned, never run."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
     heartbeat: int = typer.Option(10, "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
@@ -91,7 +92,7 @@ def tune_command(
                 budget_s=budget_minutes * 60 if budget_minutes is not None else None,
                 storage=storage, study_name=study,
                 repeats=repeats, heartbeat_s=heartbeat, nodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                join_timeout=join_timeout, inter_gbps=inter_gbps, finish=finish,
+                join_timeout=join_timeout, inter_gbps=inter_gbps, finish=finish, margin=margin,
                 engines=_engines(engines),
             )  # fmt: skip
         written = _write_outputs(record, out_dir, nproc * nnodes)

@@ -163,6 +163,7 @@ ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("tune-budget-neg", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--budget-minutes", "-1"), "--budget-minutes: must be > 0 (got -1)"),
     ("tune-budget-0", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--budget-minutes", "0"), "--budget-minutes: must be > 0 (got 0)"),
     ("tune-repeats-negative", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--repeats", "-1"), "--repeats: must be >= 0 (got -1)"),
+    ("tune-margin-high", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--margin", "1.5"), "--margin: must be <= 0.9 (got 1.5)"),
     ("tune-trial-timeout-0", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--trial-timeout", "0"), "--trial-timeout: must be > 0 (got 0)"),
     ("tune-global-batch-0", ("tune", "model.py", "--global-batch", "0"), "--global-batch: must be >= 1 (got 0)"),
     ("tune-nproc-0", ("tune", "model.py", "--global-batch", "4", "--nproc", "0"), "--nproc: must be >= 1 (got 0)"),
