@@ -165,9 +165,11 @@ def make_space(
         ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes > 1 else "")
         raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
     base = policy or Plan()
+    # Without --baseline, tune() measures the user's plan as Plan() has it (fp32): the study
+    # must be able to name that precision too, whatever the policy chose.
     precisions = [base.precision]
-    if baseline is not None and baseline.precision not in precisions:
-        precisions.append(baseline.precision)
+    if (baseline or Plan()).precision not in precisions:
+        precisions.append((baseline or Plan()).precision)
     return SearchSpace(
         global_batch, nproc, max(blocks, 0), base, tuple(precisions), nodes, tuple(engines)
     )

@@ -234,6 +234,25 @@ def ask(study: Any, space: SearchSpace) -> tuple[Any, Plan, Role]:
     return trial, plan, role
 
 
+def wait_for_earlier_plans(study: Any, number: int, poll_s: float = 0.02) -> None:
+    """Wait until every running trial numbered below ``number`` has named its plan.
+
+    A trial gets its number when it is created and its plan a moment later, once the
+    sampler has drawn it. Two workers may draw the same plan; the lower number runs
+    it, so the higher must see the lower's plan before it decides. A trial whose worker
+    died before naming its plan is given up on after 3 heartbeat intervals, when
+    Optuna would take it for lost anyway.
+    """
+    from optuna.trial import TrialState as State
+
+    deadline = time.monotonic() + 3 * (heartbeat_interval(study) or HEARTBEAT_S)
+    while time.monotonic() < deadline:
+        running = study.get_trials(deepcopy=False, states=(State.RUNNING,))
+        if all("plan" in t.user_attrs for t in running if t.number < number):
+            return
+        time.sleep(poll_s)
+
+
 def _pop_retry(study: Any, space: SearchSpace) -> Any:
     """Take the oldest queued retry (as ``Study.ask`` takes the oldest queued trial), or ``None``.
 

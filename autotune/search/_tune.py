@@ -119,15 +119,13 @@ class _Search:
     def _decide(self, trial: Any, plan: Plan, role: str) -> TrialRecord:
         from optuna.trial import TrialState as State
 
+        # Of two workers that drew one plan, the lower trial number runs it: know theirs first.
+        _study.wait_for_earlier_plans(self.study, trial.number)
         others = [r for r in _study.records(self.study) if r.number != trial.number]
         prediction = self.prediction(plan)
         reason = self._skip_reason(plan, others, trial.number, prediction)
         if reason is None and role not in ("policy", "baseline"):
             reason = slower_than_best(prediction, others)
-        if reason is None:
-            # Look again: a worker that asked just before us may have named its plan since.
-            again = [r for r in _study.records(self.study) if r.number != trial.number]
-            reason = self._skip_reason(plan, again, trial.number, None)
         fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
         if prediction is not None:
             fields.update(predicted_peak_bytes=prediction.peak_bytes,

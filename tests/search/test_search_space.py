@@ -18,12 +18,14 @@ def test_every_plan_keeps_the_global_batch() -> None:
         24, 2, 3, Plan(precision="bf16", offload_optimizer="cpu", zero_stage=2), None
     )
     plans = space.all_plans()
-    assert len(plans) == space.size() == len(divisors(12)) * 4 * 4
+    # Two precisions: the policy's, and fp32 for the user's plan that tune() measures as the
+    # baseline when none is given.
+    assert len(plans) == space.size() == len(divisors(12)) * 4 * 4 * 2
     assert len({p.model_dump_json() for p in plans}) == len(plans)
     assert all(p.global_batch == 24 and p.world_size == 2 for p in plans)
     assert all(p.offload_optimizer == "none" for p in plans if p.zero_stage == 0)
     assert all(p.offload_optimizer == "cpu" for p in plans if p.zero_stage > 0)
-    assert {p.precision for p in plans} == {"bf16"}
+    assert {p.precision for p in plans} == {"bf16", "fp32"}
 
 
 def test_one_rank_searches_no_zero_and_adds_the_baseline_precision() -> None:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from autotune.records import Plan
@@ -188,6 +189,55 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     assert len(plans) == len(set(plans)), "two workers measured the same plan"
     assert 8 <= len(measured) <= 9  # each stops once the shared study has 8; one may be in flight
     assert len({t.user_attrs["pid"] for t in measured}) == 2
+
+
+def test_of_two_workers_that_draw_one_plan_the_lower_trial_runs_it(tmp_path: Path) -> None:
+    """Another worker's trial 0 is created first but names its plan late (its sampler is
+    slow); this worker's trial 1 draws the same plan and must leave it to trial 0."""
+    import threading
+
+    import optuna
+
+    plan = Plan(micro_batch=16)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    other = optuna.create_study(storage=url, study_name="autotune", direction="maximize")
+    early = other.ask()  # trial 0: numbered, running, no plan yet
+
+    def other_worker() -> None:
+        time.sleep(0.5)
+        early.set_user_attr("plan", plan.model_dump(mode="json"))
+        time.sleep(0.5)
+        early.set_user_attr("outcome", "ok")
+        other.tell(early, 26.0)
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    runner = FakeRunner(behaviour)
+    record = tune(
+        "model.py", global_batch=16, settings=settings(tmp_path), runner=runner,
+        policy=plan, baseline=plan, trials=1, storage=url, repeats=0, heartbeat_s=1,
+    )  # fmt: skip
+    thread.join()
+    assert plan not in runner.plans
+    mine = next(t for t in record.trials if t.number == 1)
+    assert mine.plan == plan and mine.reason == "same plan as trial 0"
+
+
+def test_a_bf16_policy_without_baseline_still_measures_the_users_fp32_plan(
+    tmp_path: Path,
+) -> None:
+    """On a CPU with fast bf16 (AMX) the policy proposes autocast; no --baseline was given, so
+    the baseline is the user's plan as written: fp32, at the full per-rank batch."""
+    runner = FakeRunner(behaviour)
+    record = tune(
+        "model.py", global_batch=8, settings=settings(tmp_path), runner=runner,
+        policy=Plan(precision="amp_bf16", micro_batch=8), trials=2,
+        storage=str(tmp_path / "s.db"), repeats=0,
+    )  # fmt: skip
+    baseline = next(t for t in record.trials if t.role == "baseline")
+    assert baseline.plan == Plan(micro_batch=8) and baseline.plan.precision == "fp32"
+    assert Plan(micro_batch=8) in runner.plans
+    assert Plan(precision="amp_bf16", micro_batch=8) in runner.plans
 
 
 def test_time_budget_stops_the_study(tmp_path: Path) -> None:
