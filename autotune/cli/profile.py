@@ -20,7 +20,7 @@ from autotune.cli._common import (
     print_table,
     user_errors,
 )
-from autotune.records import format_bytes, format_count
+from autotune.records import format_bytes, format_count, format_flops
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -209,7 +209,7 @@ def _compute_rows(table: Table, record: ProfileRecord) -> None:
     table.add_row(
         "compute: MFU",
         mfu,
-        f"vs peak {format_count(compute.peak_flops_per_s)}FLOP/s ({source}); HFU {hfu}",
+        f"vs peak {format_flops(compute.peak_flops_per_s)} ({source}); HFU {hfu}",
     )
 
 

@@ -46,7 +46,13 @@ from autotune.records._profile import (
 )
 from autotune.records._recommendation import CodeChange, MeasuredPlan, Recommendation
 from autotune.records._stats import COVERAGE, median_interval, relative_half_width
-from autotune.records._units import format_bytes, format_count, parse_bytes, parse_count
+from autotune.records._units import (
+    format_bytes,
+    format_count,
+    format_flops,
+    parse_bytes,
+    parse_count,
+)
 
 __all__ = [
     "AUTOCAST_PLAN_PRECISION",
@@ -84,6 +90,7 @@ __all__ = [
     "check_version",
     "format_bytes",
     "format_count",
+    "format_flops",
     "format_plan",
     "median_interval",
     "fsdp2_equivalent",

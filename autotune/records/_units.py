@@ -68,3 +68,13 @@ def format_count(value: float | None) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.2f}{unit}"
     return f"{value:.0f}"
+
+
+def format_flops(value: float | None) -> str:
+    """A rate of floating-point operations in SI units (``362.6 GFLOP/s``); ``None`` as an en dash."""
+    if value is None:
+        return "–"
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}FLOP/s"
+    return f"{value:.0f} FLOP/s"

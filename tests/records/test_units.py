@@ -1,0 +1,45 @@
+"""Sizes, counts and rates as people read and write them."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.records import AutotuneError, format_bytes, format_flops, parse_bytes, parse_count
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("512MiB", 512 * 2**20), ("3GiB", 3 * 2**30)],
+)
+def test_sizes_read_decimal_and_binary_units(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+def test_counts_read_si_units() -> None:
+    assert parse_count("300B") == 300 * 10**9
+    assert parse_count("7.5B") == 7_500_000_000
+
+
+@pytest.mark.parametrize("text", ["0GB", "-1GiB"])
+def test_a_size_must_be_positive_and_the_flag_is_named(text: str) -> None:
+    with pytest.raises(AutotuneError, match="--device-memory"):
+        parse_bytes(text, "--device-memory")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (362.6e9, "362.6 GFLOP/s"),
+        (989e12, "989.0 TFLOP/s"),
+        (1.2e15, "1.2 PFLOP/s"),
+        (5e6, "5.0 MFLOP/s"),
+        (12.0, "12 FLOP/s"),
+        (None, "–"),
+    ],
+)
+def test_flop_rates_print_in_si_units(value: float | None, expected: str) -> None:
+    assert format_flops(value) == expected
+
+
+def test_none_is_not_measured_not_zero() -> None:
+    assert format_bytes(None) == "–" and format_bytes(0) == "0 B"
