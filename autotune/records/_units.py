@@ -60,21 +60,25 @@ def format_bytes(value: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def _scaled(value: float, prefixes: tuple[tuple[str, float], ...]) -> tuple[float, str]:
+    """``value`` in the largest of ``prefixes`` (name, scale; largest first) it reaches, else as is."""
+    for prefix, scale in prefixes:
+        if abs(value) >= scale:
+            return value / scale, prefix
+    return value, ""
+
+
 def format_count(value: float | None) -> str:
     """Human-readable count (1.2K, 3.4M, 7.0B); ``None`` prints as an en dash."""
     if value is None:
         return "–"
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f}{unit}"
-    return f"{value:.0f}"
+    scaled, prefix = _scaled(value, (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)))
+    return f"{scaled:.2f}{prefix}" if prefix else f"{value:.0f}"
 
 
 def format_flops(value: float | None) -> str:
     """A rate of floating-point operations in SI units (``362.6 GFLOP/s``); ``None`` as an en dash."""
     if value is None:
         return "–"
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}FLOP/s"
-    return f"{value:.0f} FLOP/s"
+    scaled, prefix = _scaled(value, (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)))
+    return f"{scaled:.1f} {prefix}FLOP/s" if prefix else f"{value:.0f} FLOP/s"

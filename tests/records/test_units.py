@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.records import AutotuneError, format_bytes, format_flops, parse_bytes, parse_count
+from autotune.records import (
+    AutotuneError,
+    format_bytes,
+    format_count,
+    format_flops,
+    parse_bytes,
+    parse_count,
+)
 
 
 @pytest.mark.parametrize(
@@ -43,3 +50,11 @@ def test_flop_rates_print_in_si_units(value: float | None, expected: str) -> Non
 
 def test_none_is_not_measured_not_zero() -> None:
     assert format_bytes(None) == "–" and format_bytes(0) == "0 B"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1_047_680, "1.05M"), (3.29e9, "3.29B"), (6.74e12, "6.74T"), (1500, "1.50K"), (999, "999")],
+)
+def test_counts_print_in_short_units(value: float, expected: str) -> None:
+    assert format_count(value) == expected
