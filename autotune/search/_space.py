@@ -167,9 +167,8 @@ def make_space(
     base = policy or Plan()
     # Without --baseline, tune() measures the user's plan as Plan() has it (fp32): the study
     # must be able to name that precision too, whatever the policy chose.
-    precisions = [base.precision]
-    if (baseline or Plan()).precision not in precisions:
-        precisions.append((baseline or Plan()).precision)
+    users = (baseline or Plan()).precision
+    precisions = [base.precision] + ([users] if users != base.precision else [])
     return SearchSpace(
         global_batch, nproc, max(blocks, 0), base, tuple(precisions), nodes, tuple(engines)
     )
