@@ -35,10 +35,10 @@ sys.path.insert(0, str(REPO / "tests"))  # the profiler reference lives with the
 MIB = 2**20
 _ATTEMPTS = 4
 _WARMUP = 3
-_PROFILED = 1
-"""Steps under the profiler (with idle pre-step buffers counted, consecutive steps agree)."""
 """Steps before the measured one: stage 3 traces its parameter order over the first two
 and only then keeps gathered parameters for their reuse (its steady state)."""
+_PROFILED = 1
+"""Steps under the profiler (with idle pre-step buffers counted, consecutive steps agree)."""
 
 
 def _step(model_file: Any, engine: Any, batches: Any, grad_accum: int) -> None:
