@@ -39,6 +39,7 @@ from autotune.search import (
     TuneRecord,
     open_study,
     parse_endpoint,
+    serve,
     tune,
 )
 
@@ -273,7 +274,9 @@ def _tune_file(
     predict = make_predict(record, device_memory, inter_gbps, refine, margin)
     with contextlib.ExitStack() as owned:
         if runner is None:
-            runner = owned.enter_context(PoolRunner())
+            from autotune.runtime.trial.entry_points import ENTRY_POINTS
+
+            runner = owned.enter_context(PoolRunner(entry_points=ENTRY_POINTS))
         elif isinstance(runner, AgentRunner):
             owned.callback(runner.close)
         tuned = tune(
@@ -305,6 +308,13 @@ def _loader_knobs(model_path: str, policy: Plan, batch_size: int) -> tuple[Plan,
         plain,
         f"the policy's DataLoader workers were not applied (trials ran without): {blocked}",
     )
+
+
+def serve_agent(storage: str | None, study_name: str, **options: Any) -> int:
+    """``autotune agent``: :func:`autotune.search.serve` with the trial processes injected."""
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
+
+    return serve(storage, study_name, entry_points=ENTRY_POINTS, **options)
 
 
 def recommend(

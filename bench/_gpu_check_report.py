@@ -177,7 +177,7 @@ def _gpu(device: str) -> dict[str, str]:
     if device != "cuda":
         import torch
 
-        from autotune.runtime.device import device_name
+        from autotune.runtime._device import device_name
 
         return {"GPU": "none: CPU smoke run (tiny model)", "CPU": device_name(torch.device("cpu"))}
     try:

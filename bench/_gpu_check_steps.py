@@ -17,13 +17,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from _gpu_check_report import Measured, PlanKey, PytestResult, Results
 
 from autotune.records import Plan, ProfileRecord
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
 
 LOG_TAIL = 15
 
@@ -254,7 +255,7 @@ def run_deepspeed_plans(run: Run, results: Results) -> None:
             run.stopped = True
             continue
         extra = run.work / f"trial-{key.slug()}.json"
-        runner = SubprocessRunner(worker=str(run.repo / "bench" / "_gpu_check_worker.py"),
+        runner = SubprocessRunner(entry_points=replace(ENTRY_POINTS, worker=str(run.repo / "bench" / "_gpu_check_worker.py")),
                                   env={"GPU_CHECK_EXTRA": str(extra)}, workdir=run.work / "trials")  # fmt: skip
         settings = TrialSettings(model_file=str(run.model), steps=cfg.trial_steps,
                                  warmup=cfg.trial_warmup, device=cfg.device,

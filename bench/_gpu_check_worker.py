@@ -1,6 +1,6 @@
 """The GPU check's trial worker: autotune's own trial worker, plus what it does not record.
 
-Run by ``SubprocessRunner(worker=this file)`` exactly as ``autotune.runtime.trial_worker``
+Run by ``SubprocessRunner(worker=this file)`` exactly as ``autotune.runtime.trial.worker``
 is, it runs the same trial and also writes, to the JSON file named by ``GPU_CHECK_EXTRA``,
 the GPU memory the caching allocator reserved over the trial and the NVML utilisation
 sampled while the training steps ran (warm-up included).
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.records import read_record
-from autotune.runtime import device as dev
-from autotune.runtime import trial_steps, trial_worker
+from autotune.runtime import _device as dev
+from autotune.runtime.trial import steps as trial_steps
+from autotune.runtime.trial import worker as trial_worker
 from autotune.search import WorkerSpec
 
 

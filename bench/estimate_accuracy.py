@@ -31,9 +31,9 @@ from typing import Any  # noqa: E402
 
 from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
 from autotune.records import Plan
+from autotune.runtime._step import TrainRunner  # noqa: E402
 from autotune.runtime.modelfile import load_model_file  # noqa: E402
 from autotune.runtime.profiler import profile  # noqa: E402
-from autotune.runtime.step import TrainRunner  # noqa: E402
 from autotune.runtime.trace import facts_from_model_file  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

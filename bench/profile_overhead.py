@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from autotune.runtime._step import TrainRunner
 from autotune.runtime.modelfile import load_model_file
 from autotune.runtime.profiler import profile
-from autotune.runtime.step import TrainRunner
 
 
 class PlainStep:

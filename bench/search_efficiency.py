@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api import load_profile, make_predict
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import SubprocessRunner, TrialSettings, classify_outcome, make_space, tune
 
 MIB = 2**20
@@ -76,7 +77,7 @@ def main() -> None:
     # The grid runs without the budget, so an over-budget plan is measured to the end.
     free = TrialSettings(model_file=model, steps=2, warmup=1, device=args.device, timeout_s=300)
     settings = free.model_copy(update={"device_memory": args.device_memory})
-    runner = SubprocessRunner()
+    runner = SubprocessRunner(entry_points=ENTRY_POINTS)
     plans = make_space(args.global_batch, 1, blocks, None, None).all_plans()
     start = time.monotonic()
     grid = _grid(runner, plans, free, predict, args.device_memory)

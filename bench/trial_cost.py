@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from autotune.records import Plan, median_interval
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import PoolRunner, RunReport, SubprocessRunner, TrialSettings, classify_outcome
 
 
@@ -60,8 +61,11 @@ def main() -> None:
     print(f"load average (1/5/15 min) at start: {_load()} on {os.cpu_count()} cores")
     started = time.monotonic()
     same = [plans[0].with_changes(zero_stage=stages[min(2, len(stages) - 1)])] * args.same_rounds
-    with tempfile.TemporaryDirectory() as tmp, PoolRunner(workdir=Path(tmp, "pool")) as pool:
-        fresh = SubprocessRunner(workdir=Path(tmp, "fresh"))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        PoolRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp, "pool")) as pool,
+    ):
+        fresh = SubprocessRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp, "fresh"))
         warm = pool.warm_up(plans[:1], settings)
         rows = _rounds(fresh, pool, plans, settings)
         repeated = _rounds(fresh, pool, same, settings)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from autotune.api import tune_model
 from autotune.records import Plan, parse_plan
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import PoolRunner, TrialSettings, classify_outcome, make_space
 
 
@@ -58,7 +59,10 @@ def main() -> None:
     if args.remeasure:
         plans = [parse_plan(text, Plan(gpus_per_node=args.nproc)) for text in args.remeasure]
         settings = TrialSettings(model_file=model, steps=5, warmup=1, device="cpu", timeout_s=900)
-        with tempfile.TemporaryDirectory() as tmp, PoolRunner(workdir=Path(tmp)) as pool:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            PoolRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp)) as pool,
+        ):
             remeasure(pool, settings, plans[0], plans[1:], args.rounds)
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,14 +74,14 @@ def main() -> None:
         if args.no_grid or record.recommendation is None:
             return
         pick = record.recommendation.plan
-        with PoolRunner(workdir=Path(tmp, "grid")) as pool:
+        with PoolRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp, "grid")) as pool:
             _grid_and_compare(pool, model, args, pick, _blocks(model))
     print(f"load average at end: {_load()}")
 
 
 def _blocks(model: str) -> int:
     """L, the blocks of the model's stack (the checkpointing knob's range)."""
-    from autotune.runtime.blocks import find_block_stack
+    from autotune.runtime._blocks import find_block_stack
     from autotune.runtime.modelfile import load_model_file
 
     found = find_block_stack(load_model_file(model).build_model())

@@ -9,7 +9,7 @@ For each plan, three figures per rank:
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py MODEL.py --profile-batch 2 \\
          --plans "stage=1,mb=2,ga=2" "stage=2,mb=2,ga=2" "stage=3,mb=2,ga=2" [--nproc 2]
 Prints a markdown table (bytes in MiB) and the worst error of the predictions.
-An ``engine=fsdp2`` plan runs ``fully_shard`` per block and root (``autotune.runtime.fsdp``)
+An ``engine=fsdp2`` plan runs ``fully_shard`` per block and root (``autotune.runtime.trial.fsdp2``)
 instead of a DeepSpeed engine. Each plan runs in ranks of its own (a finished ZeRO-3
 engine stays alive in its process, and would count in the next plan's memory).
 """
@@ -64,7 +64,7 @@ def rank_main(plans_path: str, out_path: str) -> None:
 
     from autotune.emit import emit_deepspeed_config
     from autotune.records import Plan
-    from autotune.runtime.blocks import apply_checkpointing
+    from autotune.runtime._blocks import apply_checkpointing
     from autotune.runtime.modelfile import load_model_file
 
     job = json.loads(Path(plans_path).read_text())
@@ -150,7 +150,7 @@ def _storages(objects: list[Any]) -> dict[int, int]:
 
 def _fsdp2_engine(model_file: Any, model: Any, plan: Any, batches: Any) -> tuple[Any, Any]:
     """The model sharded by ``fully_shard`` as the plan says, and its step (autotune's runtime)."""
-    from autotune.runtime.fsdp import apply_fsdp2, fsdp2_step
+    from autotune.runtime.trial.fsdp2 import apply_fsdp2, fsdp2_step
 
     apply_fsdp2(model, plan, "cpu")
     optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
@@ -179,9 +179,12 @@ def _torch_peaks(model: str, plans: list[Any], nproc: int, work: Path) -> list[l
 
 
 def _trial_peaks(model: str, plans: list[Any], work: Path) -> list[list[int]]:
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import SubprocessRunner, TrialSettings
 
-    runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=work / "trials")
+    runner = SubprocessRunner(
+        entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=work / "trials"
+    )
     # the tracked step is the fourth, as the profiled one in each rank (stage 3 steady state)
     settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu", timeout_s=1800)
     peaks = []

@@ -25,10 +25,10 @@ def agent_command(
     The model file must be at the same path on every node, with the same versions of Python, torch, DeepSpeed and autotune (checked for every trial).
     """
     with user_errors():
-        from autotune.search import serve
+        from autotune.api import serve_agent
 
         def say(line: str) -> None:
             err_console.get().print(f"autotune agent: {line}", highlight=False)
 
-        served = serve(storage, study, idle_timeout_s=idle_timeout, workdir=workdir, say=say)
+        served = serve_agent(storage, study, idle_timeout_s=idle_timeout, workdir=workdir, say=say)
         say(f"{served} trial launch(es) run")

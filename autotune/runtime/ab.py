@@ -6,9 +6,9 @@ import statistics
 from typing import Any
 
 from autotune.records import AutotuneError, NotApplicable, Plan
-from autotune.runtime import device as dev
+from autotune.runtime import _device as dev
+from autotune.runtime._step import TrainRunner, runner_for_plan
 from autotune.runtime.modelfile import ModelFile
-from autotune.runtime.step import TrainRunner, runner_for_plan
 
 _PREFETCH_FACTOR = 2  # DataLoader's default: batches each worker keeps ready
 

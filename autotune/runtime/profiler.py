@@ -31,11 +31,11 @@ from autotune.records import (
     StepTime,
     Throughput,
 )
-from autotune.runtime import device as dev
-from autotune.runtime import memory as mem
-from autotune.runtime.blocks import apply_checkpointing, find_block_stack, unique_parameter_count
+from autotune.runtime import _device as dev
+from autotune.runtime import _memory as mem
+from autotune.runtime._blocks import apply_checkpointing, find_block_stack, unique_parameter_count
+from autotune.runtime._step import StepPrecision, StepTiming, TrainRunner
 from autotune.runtime.modelfile import ModelFile, load_model_file
-from autotune.runtime.step import StepPrecision, StepTiming, TrainRunner
 
 Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``, called as the profile advances."""

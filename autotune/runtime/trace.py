@@ -23,12 +23,13 @@ from torch.utils import _pytree
 
 from autotune.estimator import ActivationSpec, ModelFacts, TracedMoment
 from autotune.records import Plan
-from autotune.runtime import blocks, hf
-from autotune.runtime import memory as mem
-from autotune.runtime.blocks import apply_checkpointing, find_block_stack, unique_parameter_count
+from autotune.runtime import _blocks as blocks
+from autotune.runtime import _memory as mem
+from autotune.runtime import hf
+from autotune.runtime._blocks import apply_checkpointing, find_block_stack, unique_parameter_count
+from autotune.runtime._step import AUTOCAST, TrainRunner
 from autotune.runtime.modelfile import ModelFile, load_model_file
 from autotune.runtime.profiler import _model_info, tracked_step
-from autotune.runtime.step import AUTOCAST, TrainRunner
 
 DEFAULT_PRECISIONS = ("fp32", "amp_bf16", "bf16")
 _AUTOCAST = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}

@@ -26,7 +26,7 @@ from autotune.search._compare import (
 )
 from autotune.search._final import final_comparison
 from autotune.search._outcome import classify_outcome, outcome_reason, over_budget
-from autotune.search._pool import SERVER_MODULE, PoolRunner, done_path, request_path, stop_path
+from autotune.search._pool import PoolRunner, done_path, request_path, stop_path
 from autotune.search._records import (
     Comparison,
     Outcome,
@@ -43,9 +43,8 @@ from autotune.search._records import (
 from autotune.search._runner import (
     EXTENSIONS_DIR,
     LIFELINE_ENV,
-    LIFELINE_MODULE,
-    WORKER_MODULE,
     Behaviour,
+    EntryPoints,
     FakeRunner,
     SubprocessRunner,
     TrialRunner,
@@ -108,10 +107,10 @@ __all__ = [
     "DEFAULT_ERROR",
     "DEFAULT_STORAGE",
     "EXTENSIONS_DIR",
+    "EntryPoints",
     "FRONT_SIZE",
     "FakeRunner",
     "LIFELINE_ENV",
-    "LIFELINE_MODULE",
     "Outcome",
     "Predict",
     "Prediction",
@@ -121,7 +120,6 @@ __all__ = [
     "Role",
     "Round",
     "RunReport",
-    "SERVER_MODULE",
     "SearchSpace",
     "StepSplit",
     "SubprocessRunner",
@@ -131,7 +129,6 @@ __all__ = [
     "TrialSettings",
     "TrialState",
     "TuneRecord",
-    "WORKER_MODULE",
     "WorkerSpec",
     "ask",
     "baseline_index",

@@ -33,7 +33,7 @@ from typing import Any
 from autotune.records import AutotuneError, Plan
 from autotune.search import _study
 from autotune.search._records import RunReport, TrialSettings
-from autotune.search._runner import SubprocessRunner, TrialRunner
+from autotune.search._runner import EntryPoints, SubprocessRunner, TrialRunner
 from autotune.search._storage_errors import lost_a_race, storage_error
 
 JOB_KEY = "autotune:job"
@@ -84,7 +84,7 @@ class RendezvousLauncher(SubprocessRunner):
     def command(self, plan: Plan, spec_path: Path, port: int) -> list[str]:
         """``torchrun`` over ``nnodes`` nodes, this node's ``nproc`` ranks."""
         job = self.job
-        target = [self.worker] if self.worker.endswith(".py") else ["-m", self.worker]
+        target = EntryPoints.target(self.worker)
         return [
             self.python, "-m", "torch.distributed.run", f"--nnodes={job['nnodes']}",
             f"--nproc-per-node={job['nproc']}", "--rdzv-backend=c10d",
@@ -216,14 +216,15 @@ def merge_reports(reports: list[dict[str, Any]], job: dict[str, Any], duration_s
     })  # fmt: skip
 
 
-def serve(storage: str | None, study_name: str, *, idle_timeout_s: float = 1800.0,
-          poll_s: float = 1.0, workdir: str | None = None,
+def serve(storage: str | None, study_name: str, *, entry_points: EntryPoints,
+          idle_timeout_s: float = 1800.0, poll_s: float = 1.0, workdir: str | None = None,
           say: Callable[[str], None] | None = None) -> int:  # fmt: skip
     """Run this node's share of every job the asker posts, until it says stop.
 
     Args:
         storage: the study's storage (a database every node reaches).
         study_name: the study's name, as ``autotune tune --study`` names it.
+        entry_points: the processes a launch starts (the composer's).
         idle_timeout_s: exit after this long without a new job (or without the study).
         poll_s: how often the study is read.
         workdir: where spec and result files go (a temporary folder if ``None``).
@@ -251,7 +252,7 @@ def serve(storage: str | None, study_name: str, *, idle_timeout_s: float = 1800.
             return served
         tell(f"job {job['id']}: {Plan.model_validate(job['plan']).describe()}")
         study.set_user_attr(f"{ACK_PREFIX}{job['id']}:{me}", {"host": socket.gethostname()})
-        report = run_job(job, workdir)
+        report = run_job(job, entry_points, workdir)
         study.set_user_attr(f"{REPORT_PREFIX}{job['id']}:{me}", report)
         tell(f"job {job['id']}: exit {report['returncode']}, {report['duration_s']:.1f} s")
         served += 1
@@ -285,7 +286,8 @@ def _wait_for_study(storage: str | None, name: str, timeout_s: float, poll_s: fl
         time.sleep(poll_s)
 
 
-def run_job(job: dict[str, Any], workdir: str | None = None) -> dict[str, Any]:
+def run_job(job: dict[str, Any], entry_points: EntryPoints,
+            workdir: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Launch this node's ranks of ``job``; the report the asker merges (JSON values)."""
     host = socket.gethostname()
     mine, theirs = versions(), job.get("versions", {})
@@ -305,7 +307,8 @@ def run_job(job: dict[str, Any], workdir: str | None = None) -> dict[str, Any]:
     settings = TrialSettings.model_validate(job["settings"])
     # This node may wait for the others at the rendezvous before the trial's own time starts.
     settings = settings.model_copy(update={"timeout_s": settings.timeout_s + job["join_timeout"]})
-    launcher = RendezvousLauncher(job, python=sys.executable, workdir=workdir)
+    launcher = RendezvousLauncher(job, entry_points=entry_points, python=sys.executable,
+                                  workdir=workdir)  # fmt: skip
     warmup = bool(job.get("warmup_only"))
     report = (
         launcher._launch(plan, settings, warmup_only=True)

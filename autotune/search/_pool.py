@@ -3,7 +3,7 @@
 A fresh launch pays the interpreter, torch and DeepSpeed imports, the process group and
 (on GPUs) CUDA/NCCL start-up before its first step; :class:`PoolRunner` pays them once
 per rank count. Each trial still builds its own model and engine, measures and frees
-them (``autotune.runtime.trial_server``); after any failure (out of memory, crash,
+them (the server entry point); after any failure (out of memory, crash,
 timeout) the group is gone and the next trial launches a fresh one.
 """
 
@@ -30,7 +30,6 @@ from autotune.search._runner import (
     read_result,
 )
 
-SERVER_MODULE = "autotune.runtime.trial_server"
 POLL_S = 0.02
 STOP_GRACE_S = 5.0
 
@@ -120,14 +119,14 @@ def _log_tail(path: Path, offset: int, chars: int = 4000) -> str:
 class PoolRunner(SubprocessRunner):
     """Trials of one rank count share a live worker group; a failure relaunches it fresh.
 
-    Takes :class:`SubprocessRunner`'s arguments (``worker`` defaults to the server
-    module) plus ``idle_s``: a group with no request for this long exits by itself.
+    Takes :class:`SubprocessRunner`'s arguments (its groups start ``entry_points.server``)
+    plus ``idle_s``: a group with no request for this long exits by itself.
     Use it as a context manager, or call :meth:`close`, to end the groups.
     """
 
     def __init__(self, *, idle_s: float = 1800.0, **options: Any) -> None:
-        options.setdefault("worker", SERVER_MODULE)
         super().__init__(**options)
+        self.worker = self.entry_points.server
         self.idle_s = idle_s
         self._groups: dict[tuple[int, str], _Group] = {}
         atexit.register(self.close)

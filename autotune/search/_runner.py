@@ -1,6 +1,6 @@
 """Trial runners: launch one plan as a child process group (or fake it) and report what happened.
 
-Nothing a trial starts outlives it: every launch goes through ``autotune.runtime.lifeline``
+Nothing a trial starts outlives it: every launch goes through the lifeline entry point
 (the launcher and each rank get SIGKILL when their parent dies, even by SIGKILL), the
 parent kills the launch's process group on every exit path, and trial folders are named
 ``trial-PID-HOST.*`` (a pooled group's ``group-PID-HOST.*``) so the next runner sweeps
@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -29,10 +30,8 @@ from pydantic import ValidationError
 from autotune.records import Plan, write_record
 from autotune.search._records import RunReport, TrialResult, TrialSettings, WorkerSpec
 
-WORKER_MODULE = "autotune.runtime.trial_worker"
-LIFELINE_MODULE = "autotune.runtime.lifeline"
 LIFELINE_ENV = "AUTOTUNE_PARENT_PID"
-"""Names the process whose death ends the child (read by ``autotune.runtime.lifeline``)."""
+"""Names the process whose death ends the child (read by the lifeline entry point)."""
 _FOLDER = re.compile(r"(?:trial|group)-(?P<pid>\d+)-(?P<host>.+)\.[^.]+")
 TAIL_CHARS = 4000
 EXTENSIONS_DIR = Path("~/.cache/autotune-torch-extensions").expanduser()
@@ -43,6 +42,25 @@ _RENDEZVOUS = re.compile(
     r"|rendezvous|Connection refused|connect\(\) timed out",
     re.IGNORECASE,
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryPoints:
+    """The processes a launch starts. The search launches them but never names them: they
+    live in a layer above it, and the composer passes that layer's ``ENTRY_POINTS`` in
+    (a test or bench may pass its own worker)."""
+
+    worker: str
+    """Module (or ``.py`` path) that runs one trial from a :class:`WorkerSpec` file."""
+    server: str
+    """Module (or ``.py`` path) of a pooled worker group that runs trials on request."""
+    lifeline: str
+    """Module that guards a launch (it dies with ``LIFELINE_ENV``'s process), then execs it."""
+
+    @staticmethod
+    def target(name: str) -> list[str]:
+        """How ``python`` starts ``name``: a ``.py`` path as a script, else ``-m`` module."""
+        return [name] if name.endswith(".py") else ["-m", name]
 
 
 class TrialRunner:
@@ -142,7 +160,8 @@ class SubprocessRunner(TrialRunner):
     """Each trial in a new session: ``python -m WORKER`` for one rank, torchrun for several.
 
     Args:
-        worker: the worker module (or a ``.py`` path) that reads a :class:`WorkerSpec`.
+        entry_points: the worker and lifeline every launch starts (the composer's
+            ``autotune.runtime.trial.ENTRY_POINTS``).
         python: the interpreter.
         retries: relaunches, on a fresh port, of a launch that failed before its
             first step with a port or rendezvous error.
@@ -155,7 +174,7 @@ class SubprocessRunner(TrialRunner):
     def __init__(
         self,
         *,
-        worker: str = WORKER_MODULE,
+        entry_points: EntryPoints,
         python: str = sys.executable,
         retries: int = 2,
         env: Mapping[str, str] | None = None,
@@ -164,7 +183,8 @@ class SubprocessRunner(TrialRunner):
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
-        self.worker = worker
+        self.entry_points = entry_points
+        self.worker = entry_points.worker
         self.python = python
         self.retries = retries
         self.env = dict(env or {})
@@ -192,7 +212,7 @@ class SubprocessRunner(TrialRunner):
 
     def command(self, plan: Plan, spec_path: Path, port: int) -> list[str]:
         """The launch command for ``plan``'s number of ranks."""
-        target = [self.worker] if self.worker.endswith(".py") else ["-m", self.worker]
+        target = EntryPoints.target(self.worker)
         if plan.world_size == 1:
             return [self.python, *target, str(spec_path)]
         return [
@@ -236,7 +256,7 @@ class SubprocessRunner(TrialRunner):
 
     def guarded(self, cmd: list[str]) -> list[str]:
         """``cmd`` started through the lifeline: it dies with this process, even by SIGKILL."""
-        return [self.python, "-m", LIFELINE_MODULE, *cmd]
+        return [self.python, "-m", self.entry_points.lifeline, *cmd]
 
     def _launch(self, plan: Plan, settings: TrialSettings, *, warmup_only: bool) -> RunReport:
         parent = self.trial_parent()

@@ -20,11 +20,14 @@ import torch
 from _models import mlp_stack
 
 from autotune.records import Plan, read_record
-from autotune.runtime import ab, trial_steps, trial_worker
-from autotune.runtime import device as dev
-from autotune.runtime import memory as mem
+from autotune.runtime import _device as dev
+from autotune.runtime import _memory as mem
+from autotune.runtime import ab
+from autotune.runtime._step import TrainRunner
 from autotune.runtime.modelfile import load_model_file, rebuild_loader
-from autotune.runtime.step import TrainRunner
+from autotune.runtime.trial import steps as trial_steps
+from autotune.runtime.trial import worker as trial_worker
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import (
     SubprocessRunner,
     TrialResult,
@@ -322,7 +325,7 @@ def test_a_real_cuda_oom_exception_is_classified_oom(
 
 def test_cuda_trials_put_deepspeed_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # as CPU CI and .ci/run export it
-    runner = SubprocessRunner()
+    runner = SubprocessRunner(entry_points=ENTRY_POINTS)
     plan = Plan(precision="bf16")
     for device, accelerator in [("cuda", "cuda"), ("cuda:0", "cuda"), ("cpu", "cpu")]:
         env = runner.child_env(plan, TrialSettings(model_file="m.py", device=device), 1234)

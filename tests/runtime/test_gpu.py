@@ -18,7 +18,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_nvml_samples_utilisation_and_memory_while_the_gpu_works() -> None:
     import torch
 
-    from autotune.runtime.device import NvmlSampler
+    from autotune.runtime._device import NvmlSampler
 
     device = torch.device("cuda")
     a = torch.randn(4096, 4096, device=device)
@@ -37,7 +37,7 @@ def test_nvml_samples_utilisation_and_memory_while_the_gpu_works() -> None:
 def test_peak_flops_come_from_the_table_and_bound_a_measured_matmul(dtype: str) -> None:
     import torch
 
-    from autotune.runtime.device import matmul_flops, peak_flops
+    from autotune.runtime._device import matmul_flops, peak_flops
 
     device = torch.device("cuda")
     value, source, reason = peak_flops(device, dtype)
@@ -51,7 +51,7 @@ def test_peak_flops_come_from_the_table_and_bound_a_measured_matmul(dtype: str) 
 def test_capabilities_report_compute_capability_and_fast_bf16() -> None:
     import torch
 
-    from autotune.runtime.device import device_capabilities
+    from autotune.runtime._device import device_capabilities
 
     caps = device_capabilities(torch.device("cuda"))
     major, minor = torch.cuda.get_device_capability()
@@ -63,7 +63,7 @@ def test_capabilities_report_compute_capability_and_fast_bf16() -> None:
 
 
 def test_flash_attn_detection_matches_a_real_import() -> None:
-    from autotune.runtime.device import flash_attn_available
+    from autotune.runtime._device import flash_attn_available
 
     try:
         import flash_attn  # noqa: F401
@@ -77,7 +77,7 @@ def test_flash_attn_detection_matches_a_real_import() -> None:
 def test_allocator_peak_and_reserved_bound_a_known_tensor() -> None:
     import torch
 
-    from autotune.runtime import device as dev
+    from autotune.runtime import _device as dev
 
     device = torch.device("cuda")
     dev.reset_peak_memory(device)
@@ -136,12 +136,13 @@ def loss_fn(model, batch):
 def cuda_trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The plans above and a real out-of-memory, run at once as separate trial processes."""
     from autotune.records import Plan, parse_plan
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import SubprocessRunner, TrialSettings
 
     folder = tmp_path_factory.mktemp("cuda-trials")
     oom_model = folder / "oom.py"
     oom_model.write_text(OOM_MODEL)
-    runner = SubprocessRunner(workdir=folder)
+    runner = SubprocessRunner(entry_points=ENTRY_POINTS, workdir=folder)
     tiny = str(EXAMPLES / "tiny_llama.py")
     jobs = {name: (parse_plan(text, Plan(micro_batch=2), "plan"), tiny)
             for name, (text, _) in TRIAL_PLANS.items()}  # fmt: skip

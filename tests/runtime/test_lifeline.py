@@ -20,13 +20,16 @@ import psutil
 import pytest
 from _processes import gone_within
 
-from autotune.search import LIFELINE_ENV, LIFELINE_MODULE
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
+from autotune.search import LIFELINE_ENV
+
+LIFELINE_MODULE = ENTRY_POINTS.lifeline
 
 # parent -> lifeline -> "launcher" (a python that starts a "rank" in its own session,
 # as torchrun does) -> rank (calls die_with_parent itself, as the trial worker does).
 RANK = (
     "import sys, time\n"
-    "from autotune.runtime.lifeline import die_with_parent\n"
+    "from autotune.runtime.trial.lifeline import die_with_parent\n"
     "die_with_parent()\n"
     "open(sys.argv[1], 'w').write('ready')\n"
     "time.sleep(600)\n"
@@ -109,7 +112,7 @@ def test_without_a_named_parent_the_lifeline_just_runs_the_command() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_guard_is_the_kernels_on_linux() -> None:
-    code = ("import ctypes, os, signal; from autotune.runtime.lifeline import die_with_parent; "
+    code = ("import ctypes, os, signal; from autotune.runtime.trial.lifeline import die_with_parent; "
             "assert die_with_parent(); libc = ctypes.CDLL(None); v = ctypes.c_int(); "
             "libc.prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value == signal.SIGKILL)")  # fmt: skip
     env = {**os.environ, LIFELINE_ENV: str(os.getpid())}

@@ -10,7 +10,7 @@ from _models import TIED, mlp_stack
 from torch import nn
 
 from autotune.records import ProfileRecord
-from autotune.runtime import memory as mem
+from autotune.runtime import _memory as mem
 from autotune.runtime.profiler import profile
 
 # Small weights, wide batch: activations dominate, as in the bf16 test.

@@ -17,9 +17,9 @@ import torch
 from _models import CNN, FROZEN_TRUNK, TIED, mlp_stack
 from _reference import Reference, reference_step
 
+from autotune.runtime._step import TrainRunner
 from autotune.runtime.modelfile import load_model_file
 from autotune.runtime.profiler import profile, tracked_step
-from autotune.runtime.step import TrainRunner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.records import ProfileRecord
-from autotune.runtime import device as dev
-from autotune.runtime.blocks import apply_checkpointing, checkpointed_blocks, find_block_stack
+from autotune.runtime import _device as dev
+from autotune.runtime._blocks import apply_checkpointing, checkpointed_blocks, find_block_stack
+from autotune.runtime._step import TrainRunner
 from autotune.runtime.modelfile import load_model_file
 from autotune.runtime.profiler import _FLOP_FORMULAS, profile
-from autotune.runtime.step import TrainRunner
 
 REPO = Path(__file__).resolve().parents[2]
 

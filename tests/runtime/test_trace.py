@@ -12,8 +12,8 @@ import torch
 from autotune import estimator as cm
 from autotune.estimator import ActivationSpec
 from autotune.records import AutotuneError
-from autotune.runtime import memory as mem
-from autotune.runtime.blocks import apply_checkpointing
+from autotune.runtime import _memory as mem
+from autotune.runtime._blocks import apply_checkpointing
 from autotune.runtime.modelfile import load_model_file
 from autotune.runtime.trace import facts_from_hf_config, facts_from_model_file, load_hf_config
 

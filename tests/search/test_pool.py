@@ -14,6 +14,7 @@ import pytest
 from _models import mlp_stack
 
 from autotune.records import Plan
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import PoolRunner, RunReport, SubprocessRunner, TrialSettings, classify_outcome
 
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -62,9 +63,9 @@ def _close(a: list[int], b: list[int], tolerance: float = 0.01) -> bool:
 
 def test_reused_worker_measures_the_peak_a_fresh_one_does(model: str, tmp_path: Path) -> None:
     plans = [Plan(micro_batch=4), Plan(micro_batch=2, grad_accum=2, checkpoint_blocks=1)]
-    fresh = SubprocessRunner(env=ENV, workdir=tmp_path / "fresh")
+    fresh = SubprocessRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "fresh")
     expected = [_peaks(fresh.run(plan, _settings(model))) for plan in plans]
-    with PoolRunner(env=ENV, workdir=tmp_path / "pool") as pool:
+    with PoolRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "pool") as pool:
         # Each plan runs after the other one in the same process, then again.
         reports = [pool.run(plan, _settings(model)) for plan in plans + plans]
     assert [r.result.reused for r in reports if r.result] == [False, True, True, True]
@@ -82,9 +83,9 @@ def test_two_rank_worker_reused_after_zero3_measures_the_fresh_peak(
     # every later trial in that process counted it. ZeRO-1/2 are not used here: their live
     # peak on two CPU ranks varies by one gradient partition from run to run, fresh or not.
     plans = [Plan(micro_batch=2, gpus_per_node=2, zero_stage=stage) for stage in (3, 0)]
-    fresh = SubprocessRunner(env=ENV, workdir=tmp_path / "fresh")
+    fresh = SubprocessRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "fresh")
     expected = [_peaks(fresh.run(plan, _settings(model))) for plan in plans]
-    with PoolRunner(env=ENV, workdir=tmp_path / "pool") as pool:
+    with PoolRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "pool") as pool:
         reports = [pool.run(plan, _settings(model)) for plan in plans + plans]
     assert all(r.result is not None and r.result.reused for r in reports[1:])
     for report, want in zip(reports, expected + expected, strict=True):
@@ -92,7 +93,7 @@ def test_two_rank_worker_reused_after_zero3_measures_the_fresh_peak(
 
 
 def test_a_failed_trial_relaunches_a_fresh_worker(model: str, tmp_path: Path) -> None:
-    with PoolRunner(env=ENV, workdir=tmp_path / "pool") as pool:
+    with PoolRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "pool") as pool:
         first = pool.run(Plan(micro_batch=4), _settings(model))
         pid = pool.live_groups()[(1, "cpu")]
         crashed = pool.run(Plan(micro_batch=3), _settings(model))
@@ -112,9 +113,10 @@ ORPHAN = textwrap.dedent(
     """
     import os, sys
     from autotune.records import Plan
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import PoolRunner, TrialSettings
 
-    pool = PoolRunner(env={"OMP_NUM_THREADS": "1"}, workdir=sys.argv[2])
+    pool = PoolRunner(entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=sys.argv[2])
     pool.run(Plan(micro_batch=2), TrialSettings(model_file=sys.argv[1], steps=1, warmup=0,
                                                 device="cpu", timeout_s=120))
     print(pool.live_groups()[(1, "cpu")], flush=True)
@@ -148,7 +150,7 @@ def test_steps_are_measured_until_the_median_is_known_or_a_cap(model: str, tmp_p
     import statistics
 
     settings = _settings(model, steps=3, interval_width=0.05, max_steps=8, max_measure_s=60)
-    with PoolRunner(env=ENV, workdir=tmp_path / "pool") as pool:
+    with PoolRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "pool") as pool:
         reports = [pool.run(Plan(micro_batch=4), settings) for _ in range(2)]
     for report in reports:
         assert _ok(report) and report.result is not None
@@ -160,6 +162,6 @@ def test_steps_are_measured_until_the_median_is_known_or_a_cap(model: str, tmp_p
         within = (high - low) / 2 <= 0.05 * statistics.median(times) and len(times) >= 5
         assert within or len(times) == 8
     # A fixed count without a width.
-    with PoolRunner(env=ENV, workdir=tmp_path / "fixed") as pool:
+    with PoolRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "fixed") as pool:
         fixed = pool.run(Plan(micro_batch=4), _settings(model, steps=3))
     assert fixed.result is not None and len(fixed.result.step_times) == 3

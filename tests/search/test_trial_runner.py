@@ -7,6 +7,7 @@ import os
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -14,6 +15,7 @@ import pytest
 from _models import mlp_stack, mlp_stack_parameters
 
 from autotune.records import Plan
+from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import (
     FakeRunner,
     PoolRunner,
@@ -60,9 +62,13 @@ def runner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TrialRunn
     if request.param == "fake":
         yield FakeRunner(fake_behaviour)
     elif request.param == "subprocess":
-        yield SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials")
+        yield SubprocessRunner(
+            entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
+        )
     else:
-        with PoolRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials") as pool:
+        with PoolRunner(
+            entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
+        ) as pool:
             yield pool
 
 
@@ -105,7 +111,9 @@ def test_trial_peak_matches_the_profilers(examples_dir: Path, tmp_path: Path) ->
 
     model = str(examples_dir / "tiny_llama.py")
     profiled = profile(model, batch_size=2, steps=1, warmup=1, device="cpu")
-    runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials")
+    runner = SubprocessRunner(
+        entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
+    )
     report = runner.run(Plan(micro_batch=2), _settings(model, timeout_s=300))
     result = report.result
     assert result is not None and result.peak is not None, report.stderr_tail[-2000:]
@@ -163,7 +171,9 @@ def test_one_rank_zero2_trial_peak_matches_the_estimate(model: str, tmp_path: Pa
     facts = facts_from_profile(profile(model, batch_size=2, steps=1, warmup=1, device="cpu"))
     plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2)
     predicted = estimate_plan(facts, plan).memory
-    runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials")
+    runner = SubprocessRunner(
+        entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
+    )
     report = runner.run(plan, _settings(model, timeout_s=300))
     result = report.result
     outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
@@ -179,7 +189,9 @@ def test_one_rank_zero2_trial_peak_matches_the_estimate(model: str, tmp_path: Pa
 
 @pytest.mark.slow
 def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
-    runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials")
+    runner = SubprocessRunner(
+        entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
+    )
     plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2, gpus_per_node=2)
     settings = _settings(model, timeout_s=300)
     report = runner.run(plan, settings)
@@ -224,7 +236,9 @@ def test_launch_failing_before_its_first_step_is_retried(tmp_path: Path) -> None
     worker = tmp_path / "flaky_worker.py"
     worker.write_text(FLAKY_WORKER)
     counter = tmp_path / "launches"
-    runner = SubprocessRunner(worker=str(worker), env={"LAUNCH_COUNTER": str(counter)})
+    runner = SubprocessRunner(
+        entry_points=replace(ENTRY_POINTS, worker=str(worker)), env={"LAUNCH_COUNTER": str(counter)}
+    )
     report = runner.run(Plan(), _settings(str(worker)))
     assert report.launches == 2 and counter.read_text() == "2"
     assert (
@@ -242,7 +256,9 @@ def test_launch_failing_before_its_first_step_is_retried(tmp_path: Path) -> None
 
 
 def test_memory_guard_stops_a_worker_and_reads_as_oom(model: str, tmp_path: Path) -> None:
-    runner = SubprocessRunner(env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials")
+    runner = SubprocessRunner(
+        entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
+    )
     report = runner.run(Plan(micro_batch=2), _settings(model, memory_guard=1))
     assert "autotune memory guard" in report.stderr_tail
     assert (

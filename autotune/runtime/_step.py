@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import torch
 
 from autotune.records import AUTOCAST_PLAN_PRECISION, AutotuneError
-from autotune.runtime.blocks import apply_checkpointing
-from autotune.runtime.device import resolve_device, synchronize
+from autotune.runtime._blocks import apply_checkpointing
+from autotune.runtime._device import resolve_device, synchronize
 from autotune.runtime.modelfile import ModelFile
 
 if TYPE_CHECKING:

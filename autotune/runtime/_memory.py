@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.records import AtPeak
-from autotune.runtime import device as dev
-from autotune.runtime.blocks import find_block_stack, is_checkpointed
+from autotune.runtime import _device as dev
+from autotune.runtime._blocks import find_block_stack, is_checkpointed
 
 _16BIT = (torch.bfloat16, torch.float16)
 # Autograd nodes that only view their input: a cast weight may be saved through them.

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.records import read_record, write_record
-from autotune.runtime.lifeline import die_with_parent
-from autotune.runtime.trial_deepspeed import deepspeed_trial, warm_launcher
-from autotune.runtime.trial_steps import (
+from autotune.runtime.trial.deepspeed_engine import deepspeed_trial, warm_launcher
+from autotune.runtime.trial.lifeline import die_with_parent
+from autotune.runtime.trial.steps import (
     MemoryWatch,
     Steps,
     cuda_peak,
@@ -29,8 +29,8 @@ __all__ = ["MemoryWatch", "main", "run_trial"]
 
 
 def _torch_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
+    from autotune.runtime._step import runner_for_plan
     from autotune.runtime.profiler import tracked_step
-    from autotune.runtime.step import runner_for_plan
 
     plan = spec.plan
     model_file = load_cached(spec.settings.model_file)
@@ -128,7 +128,7 @@ def run_trial(
 
 
 def _fsdp2_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
-    from autotune.runtime.fsdp import fsdp2_trial
+    from autotune.runtime.trial.fsdp2 import fsdp2_trial
 
     return fsdp2_trial(
         spec, steps, lambda device, step: live_peak(device, tensors_on(device), step)
@@ -148,7 +148,7 @@ def _iter_lines(exc: BaseException) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.runtime.trial_worker SPEC.json``: exit 0 with a result file, else 1."""
+    """``python -m autotune.runtime.trial.worker SPEC.json``: exit 0 with a result file, else 1."""
     die_with_parent()  # a rank under torchrun: die with torchrun, which dies with tune
     args = sys.argv[1:] if argv is None else argv
     spec = read_record(args[0], WorkerSpec, "trial spec")

@@ -7,7 +7,7 @@ import contextlib
 import time
 from typing import Any
 
-from autotune.runtime.trial_steps import (
+from autotune.runtime.trial.steps import (
     Steps,
     cuda_peak,
     live_peak,
@@ -36,8 +36,8 @@ def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     import torch
 
     from autotune.emit import emit_deepspeed_config
-    from autotune.runtime.blocks import apply_checkpointing
-    from autotune.runtime.device import synchronize
+    from autotune.runtime._blocks import apply_checkpointing
+    from autotune.runtime._device import synchronize
 
     plan = spec.plan
     model_file = load_cached(spec.settings.model_file)

@@ -110,10 +110,10 @@ def live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) 
     """Most live tensor bytes on ``device`` during ``step()``, ``existing`` tensors included.
 
     The same measure as ``autotune profile``'s ``cpu_live_tensors`` peak
-    (:class:`~autotune.runtime.memory.LiveTensorTracker`). The dispatch mode
+    (:class:`~autotune.runtime._memory.LiveTensorTracker`). The dispatch mode
     slows every op, so callers run it on one extra step that is not timed.
     """
-    from autotune.runtime.memory import LiveTensorTracker, count_rng_states
+    from autotune.runtime._memory import LiveTensorTracker, count_rng_states
 
     tracker = LiveTensorTracker(device)
     with tracker, count_rng_states(tracker):
@@ -190,7 +190,7 @@ def agree(done: bool) -> bool:
 
 def cuda_peak(device: Any) -> int | None:
     """``torch.cuda.max_memory_allocated`` so far on a CUDA device, else ``None``."""
-    from autotune.runtime import device as dev
+    from autotune.runtime import _device as dev
 
     peaks = dev.allocator_peak(device)
     return None if peaks is None else peaks[0]

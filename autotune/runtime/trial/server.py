@@ -1,6 +1,6 @@
 """A trial worker that stays alive: every rank of one group runs trial after trial.
 
-``python -m autotune.runtime.trial_server FOLDER`` (under torchrun for several ranks)
+``python -m autotune.runtime.trial.server FOLDER`` (under torchrun for several ranks)
 pays interpreter, torch, DeepSpeed and process-group start-up once. The parent
 (``autotune.search.PoolRunner``) writes ``FOLDER/request-<n>.json`` (a
 :class:`WorkerSpec`); every rank reads it, runs the trial exactly as a fresh
@@ -8,7 +8,7 @@ pays interpreter, torch, DeepSpeed and process-group start-up once. The parent
 the spec's result file and then ``FOLDER/done-<n>``. After any failure the process
 exits, so the parent relaunches a fresh group: a trial never runs in a process that
 an earlier trial broke. A rank also exits when ``FOLDER/stop`` appears, when the
-parent is gone (``autotune.runtime.lifeline``, even in the middle of a hung trial), or
+parent is gone (``autotune.runtime.trial.lifeline``, even in the middle of a hung trial), or
 after ``AUTOTUNE_IDLE_S`` seconds without a request, so no group outlives the search
 that started it.
 """
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 from autotune.records import read_record, write_record
-from autotune.runtime.lifeline import die_with_parent
-from autotune.runtime.trial_steps import MemoryWatch, ranks, shut_down
-from autotune.runtime.trial_worker import _iter_lines, run_trial
+from autotune.runtime.trial.lifeline import die_with_parent
+from autotune.runtime.trial.steps import MemoryWatch, ranks, shut_down
+from autotune.runtime.trial.worker import _iter_lines, run_trial
 from autotune.search import TrialResult, WorkerSpec, done_path, request_path, stop_path
 
 POLL_S = 0.02
@@ -94,7 +94,7 @@ def _serve_one(spec: WorkerSpec, watch: MemoryWatch, rank: int, *, reused: bool)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.runtime.trial_server FOLDER``."""
+    """``python -m autotune.runtime.trial.server FOLDER``."""
     args = sys.argv[1:] if argv is None else argv
     # The group was launched through the lifeline; a rank under torchrun guards itself
     # against torchrun: killed when it goes, even in the middle of a hung trial.

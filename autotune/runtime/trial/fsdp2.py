@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from autotune.records import AutotuneError, Plan
-from autotune.runtime.blocks import find_block_stack
+from autotune.runtime._blocks import find_block_stack
 
 
 def fsdp2_policies(plan: Plan, device_type: str) -> dict[str, Any]:
@@ -106,9 +106,9 @@ def fsdp2_trial(
     ``live_peak(device, step)`` is its live-tensor measure of one more, untimed step.
     Returns the trial worker's info dict (``engine: fsdp2``).
     """
-    from autotune.runtime import device as dev
-    from autotune.runtime.blocks import apply_checkpointing
-    from autotune.runtime.device import synchronize
+    from autotune.runtime import _device as dev
+    from autotune.runtime._blocks import apply_checkpointing
+    from autotune.runtime._device import synchronize
     from autotune.runtime.modelfile import load_model_file
 
     plan, settings = spec.plan, spec.settings

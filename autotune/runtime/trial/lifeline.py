@@ -7,7 +7,7 @@ still the one named (it may have died before the guard was set), and names itsel
 for its own children. A process that finds its own pid named was guarded and checked
 before an ``exec``; it guards again against its current parent.
 
-``python -m autotune.runtime.lifeline CMD ...`` guards itself and then execs CMD: the
+``python -m autotune.runtime.trial.lifeline CMD ...`` guards itself and then execs CMD: the
 trial runner starts every launch (the worker, or torchrun and through it each rank)
 this way. Imports nothing heavy: it runs before every trial.
 """
@@ -68,10 +68,10 @@ def die_with_parent() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m autotune.runtime.lifeline CMD ...``: guard, then become CMD."""
+    """``python -m autotune.runtime.trial.lifeline CMD ...``: guard, then become CMD."""
     command = sys.argv[1:] if argv is None else argv
     if not command:
-        sys.stderr.write("usage: python -m autotune.runtime.lifeline CMD [ARG ...]\n")
+        sys.stderr.write("usage: python -m autotune.runtime.trial.lifeline CMD [ARG ...]\n")
         sys.exit(2)
     die_with_parent()
     os.execvp(command[0], command)
