@@ -25,9 +25,12 @@ from autotune.emit._deepspeed import (
     with_hf_auto,
 )
 from autotune.emit._fsdp import (
+    DEFAULT_BLOCK_STACK,
     Fsdp2Deliverable,
     accelerate_fsdp_config,
+    accelerate_fsdp_yaml,
     accelerate_plugin_code,
+    block_stack_expression,
     fsdp2_code,
     fsdp2_deliverable,
     hf_fsdp2_arguments,
@@ -35,6 +38,7 @@ from autotune.emit._fsdp import (
 
 __all__ = [
     "Config",
+    "DEFAULT_BLOCK_STACK",
     "EmittedConfig",
     "FP16_LOSS_SCALING",
     "Fsdp2Deliverable",
@@ -44,7 +48,9 @@ __all__ = [
     "STAGE3_PERSISTENCE_THRESHOLD",
     "STAGE3_PREFETCH_BUCKET_SIZE",
     "accelerate_fsdp_config",
+    "accelerate_fsdp_yaml",
     "accelerate_plugin_code",
+    "block_stack_expression",
     "check_config",
     "check_plan_kept",
     "check_top_level_keys",

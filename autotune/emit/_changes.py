@@ -65,10 +65,15 @@ def code_changes_for(
         >>> print(changes[1].torch.splitlines()[-1])
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     """
-    first = _apply_fsdp2(plan, block_stack_path) if plan.engine == "fsdp2" else None
+    fsdp2 = plan.engine == "fsdp2"
+    first = _apply_fsdp2(plan, block_stack_path, num_blocks) if fsdp2 else None
     changes = [first or _apply_config(plan, num_blocks)]
     if plan.checkpoint_blocks:
-        changes.append(_checkpointing(plan.checkpoint_blocks, block_stack_path, num_blocks))
+        change = _checkpointing(plan.checkpoint_blocks, block_stack_path, num_blocks)
+        # FSDP2's torch and Accelerate lines already checkpoint, before fully_shard
+        changes.append(
+            change.model_copy(update={"torch": None, "accelerate": None}) if fsdp2 else change
+        )
     if plan.dataloader_workers or plan.pin_memory:
         changes.append(_data_loading(plan))
     if plan.attention != "default":
@@ -105,18 +110,25 @@ def _apply_config(plan: Plan, num_blocks: int | None) -> CodeChange:
     )
 
 
-def _apply_fsdp2(plan: Plan, path: str | None) -> CodeChange:
+def _apply_fsdp2(plan: Plan, path: str | None, num_blocks: int | None) -> CodeChange:
     """An ``engine=fsdp2`` plan: ``fully_shard`` per block and root instead of a DeepSpeed config."""
-    from autotune.emit._fsdp import accelerate_plugin_code, fsdp2_code, hf_fsdp2_arguments
+    from autotune.emit._fsdp import (
+        accelerate_plugin_code,
+        block_stack_expression,
+        fsdp2_code,
+        hf_fsdp2_arguments,
+    )
 
-    hf = ", ".join(f"{key}={value!r}" for key, value in hf_fsdp2_arguments(plan).items())
+    hf_args = hf_fsdp2_arguments(plan, num_blocks=num_blocks)
+    hf = ", ".join(f"{key}={value!r}" for key, value in hf_args.items())
+    stack = block_stack_expression(path) if path else None
     return CodeChange(
         what=f"shard with PyTorch's FSDP2 (micro-batch {plan.micro_batch}, accumulation "
         f"{plan.grad_accum}, {plan.precision}, reshard_after_forward={plan.reshard_after_forward})",
-        torch=fsdp2_code(plan, f"model.{path}" if path else "model.model.layers"),
+        torch=fsdp2_code(plan, stack),
         deepspeed=None,
         hf_trainer=f"TrainingArguments(..., {hf})",
-        accelerate=accelerate_plugin_code(plan),
+        accelerate=accelerate_plugin_code(plan, stack, num_blocks),
     )
 
 

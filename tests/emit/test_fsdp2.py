@@ -45,7 +45,8 @@ def test_accelerate_reads_the_config_file(text: str, tmp_path: Path) -> None:
 
     plan = parse_plan(text)
     path = tmp_path / "fsdp2.yaml"
-    path.write_text(yaml.safe_dump(accelerate_fsdp_config(plan, layer_class="LlamaDecoderLayer")))
+    config = accelerate_fsdp_config(plan, layer_class="LlamaDecoderLayer", num_blocks=4)
+    path.write_text(yaml.safe_dump(config))
     loaded = load_config_from_file(str(path))
     assert loaded.distributed_type == "FSDP"
     assert loaded.num_processes == plan.world_size and loaded.num_machines == plan.nodes
@@ -55,7 +56,7 @@ def test_accelerate_reads_the_config_file(text: str, tmp_path: Path) -> None:
     offload = plugin.cpu_offload
     assert isinstance(offload, CPUOffloadPolicy) == (plan.offload_param == "cpu")
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
-    assert plugin.activation_checkpointing == (plan.checkpoint_blocks > 0)
+    assert plugin.activation_checkpointing == (plan.checkpoint_blocks == 4)  # all L=4 blocks
 
 
 def test_the_plugin_code_fixes_reduce_dtype_fp32() -> None:
@@ -126,3 +127,110 @@ def test_the_engine_round_trips_through_describe() -> None:
     assert parse_plan(plan.describe()) == plan
     assert not plan.uses_deepspeed and plan.reshard_after_forward is False
     assert "engine" not in parse_plan("stage=3").describe()
+
+
+TWO_RANK = Path(__file__).with_name("_fsdp2_two_rank.py")
+RUN_PLANS = {  # K of the 4 blocks of tests/_models.py's residual MLP
+    "engine=fsdp2,stage=3,ckpt=2,gpus=2": 2,
+    "engine=fsdp2,stage=2,precision=bf16,ckpt=4,gpus=2": 4,
+    "engine=fsdp2,stage=3,offload_param=cpu,ckpt=1,gpus=2": 1,
+    "engine=fsdp2,stage=3,gpus=2": 0,
+}
+
+
+@pytest.mark.slow
+def test_the_emitted_code_runs_in_two_ranks_and_checkpoints_k_blocks(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from autotune.emit import block_stack_expression
+
+    codes = [
+        {"name": text, "code": fsdp2_deliverable(
+            parse_plan(text), block_stack=block_stack_expression("blocks"), num_blocks=4).code}
+        for text in RUN_PLANS
+    ]  # fmt: skip
+    (tmp_path / "codes.json").write_text(json.dumps(codes))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(TWO_RANK), str(tmp_path / "codes.json"), str(tmp_path / "out.json")]  # fmt: skip
+    done = subprocess.run(command, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    for text, k in RUN_PLANS.items():
+        # a checkpointed block runs its forward again in backward: twice, the others once
+        assert results[text]["calls"] == [2] * k + [1] * (4 - k), text
+        assert all(results[text]["sharded"]), text
+        assert results[text]["loss"] > 0, text
+
+
+def test_the_block_path_is_the_models_or_said_to_be_a_default() -> None:
+    from autotune.emit import block_stack_expression
+
+    plan = parse_plan("engine=fsdp2,stage=3,ckpt=2")
+    default = fsdp2_deliverable(plan)
+    assert "blocks = model.model.layers  # a default, not read from your model" in default.code
+    assert any("is a default" in note for note in default.notes)
+    assert not default.block_stack_from_model
+    given = fsdp2_deliverable(plan, block_stack=block_stack_expression("encoder.0.layers"))
+    assert "blocks = model.get_submodule('encoder.0.layers')" in given.code
+    assert not any("is a default" in note for note in given.notes)
+    lines = given.code.splitlines()
+    first_shard = next(i for i, line in enumerate(lines) if "fully_shard(" in line)
+    checkpoint = next(i for i, line in enumerate(lines) if "partial(checkpoint" in line)
+    assert checkpoint < first_shard and "blocks[:2]" in lines[checkpoint - 1]
+
+
+@pytest.mark.parametrize(("k", "blocks", "switch"), [(0, 4, False), (2, 4, False), (4, 4, True),
+                                                     (2, None, False)])  # fmt: skip
+def test_accelerate_and_the_trainer_checkpoint_every_block_only_when_k_is_l(
+    k: int, blocks: int | None, switch: bool, tmp_path: Path
+) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from autotune.emit import accelerate_fsdp_yaml
+
+    out = fsdp2_deliverable(parse_plan(f"engine=fsdp2,stage=3,ckpt={k}"), num_blocks=blocks)
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(accelerate_fsdp_yaml(out.accelerate_config))
+    assert not path.read_text().lstrip().startswith("{")  # YAML, not JSON
+    assert load_config_from_file(str(path)).fsdp_config["fsdp_activation_checkpointing"] is switch
+    assert _plugin_from_launch(path).activation_checkpointing is switch
+    assert out.hf_trainer["fsdp_config"]["activation_checkpointing"] is switch
+    partial = k > 0 and not switch
+    assert (f"blocks[:{k}]" in out.accelerate_code) is partial
+    assert any("switch checkpoints every block" in note for note in out.notes) is partial
+
+
+def test_more_checkpointed_blocks_than_the_model_has_are_refused() -> None:
+    with pytest.raises(AutotuneError, match="checkpoints 6 blocks, the model has 4"):
+        fsdp2_deliverable(parse_plan("engine=fsdp2,stage=3,ckpt=6"), num_blocks=4)
+
+
+def test_config_prints_the_code_and_writes_yaml_taking_the_stack_from_the_profile(
+    tmp_path: Path,
+) -> None:
+    from _profiles import synthetic_profile
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(synthetic_profile(layers=12).model_dump_json())  # model.layers, 12 blocks
+    out = tmp_path / "accelerate_fsdp2.yaml"
+    args = ["config", "--plan", "engine=fsdp2,stage=3,ckpt=12", "--profile", str(profile)]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "blocks = model.model.layers\n" in result.stdout  # read from the model, no "default"
+    assert "for block in blocks[:12]:" in result.stdout and '"code":' not in result.stdout
+    written = yaml.safe_load(out.read_text())
+    assert not out.read_text().lstrip().startswith("{")
+    assert written["fsdp_config"]["fsdp_activation_checkpointing"] is True  # K = L = 12
+    assert written["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    printed = CliRunner().invoke(app, ["config", "--plan", "engine=fsdp2,stage=3,ckpt=2"])
+    assert printed.exit_code == 0, printed.output
+    shown = printed.stdout.split("(YAML)")[1].split("\n\n#")[0].split("\n", 1)[1]
+    assert yaml.safe_load(shown)["fsdp_config"]["fsdp_activation_checkpointing"] is False  # 2 < L
+    assert "a default, not read from your model" in printed.stdout
