@@ -7,7 +7,6 @@ import re
 from autotune.records._errors import AutotuneError
 
 _BYTE_UNITS = {
-    "": 1,
     "b": 1,
     "kb": 10**3,
     "mb": 10**6,
@@ -20,6 +19,8 @@ _BYTE_UNITS = {
 }
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3))
 
 
 def _split(text: str, units: dict[str, int], flag: str) -> float:
@@ -33,11 +34,65 @@ def _split(text: str, units: dict[str, int], flag: str) -> float:
 
 
 def parse_bytes(text: str, flag: str = "size") -> int:
-    """Read a size such as ``80GB``, ``80GiB`` or ``512MiB`` as bytes (GB = 10**9, GiB = 2**30)."""
-    value = _split(text, _BYTE_UNITS, flag)
+    """Read a size such as ``80GB``, ``80GiB`` or ``512MiB`` as bytes (GB = 10**9, GiB = 2**30).
+
+    A bare number is refused: ``80`` could be bytes, GB or GiB, which differ by 7%.
+
+    Raises:
+        AutotuneError: no unit, an unknown unit, or not positive; the message names ``flag``.
+    """
+    match = _NUMBER.match(text)
+    if match and not match.group(2):
+        number = match.group(1)
+        raise AutotuneError(f"{flag} {text.strip()}: give a unit, e.g. {number}GiB or {number}GB")
+    if not match or match.group(2).lower() not in _BYTE_UNITS:
+        raise AutotuneError(
+            f"{flag}: cannot read {text!r} (a number and a unit: B, kB, MB, GB, TB, "
+            "KiB, MiB, GiB, TiB)"
+        )
+    value = float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
     if value <= 0:
         raise AutotuneError(f"{flag}: {text!r} must be positive")
     return int(value)
+
+
+def _in_units(value: float, units: tuple[tuple[str, int], ...]) -> str:
+    """``value`` in the largest unit of ``units`` it reaches: ``80 GiB``, ``74.51 GiB``."""
+    for unit, scale in units:
+        if abs(value) >= scale or unit == units[-1][0]:
+            scaled = value / scale
+            text = f"{scaled:.0f}" if scaled == round(scaled) else f"{scaled:.2f}"
+            return f"{text} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _decimals(value: float, units: tuple[tuple[str, int], ...]) -> int:
+    """Decimal places ``value`` needs in its unit of ``units`` (3: more than two)."""
+    scale = next((scale for _, scale in units if abs(value) >= scale), units[-1][1])
+    scaled = value / scale
+    return next((d for d in range(3) if abs(scaled * 10**d - round(scaled * 10**d)) < 1e-6), 3)
+
+
+def format_given_bytes(value: int | None, given: str | None = None) -> str:
+    """A size in the unit the user gave it in, with the other family beside it.
+
+    ``given`` is the text the user typed (``80GB``); without it the family is the one the
+    value is round in (a budget typed as ``80GiB`` is a whole number of GiB, not of GB).
+
+    Example:
+        >>> format_given_bytes(80 * 10**9, "80GB"), format_given_bytes(80 * 2**30)
+        ('80 GB (74.51 GiB)', '80 GiB (85.90 GB)')
+    """
+    if value is None:
+        return "–"
+    match = _NUMBER.match(given) if given else None
+    unit = match.group(2).lower() if match else ""
+    if unit in _BYTE_UNITS and unit != "b":
+        binary = unit.endswith("ib")
+    else:
+        binary = _decimals(value, _BINARY) <= _decimals(value, _DECIMAL)
+    first, other = (_BINARY, _DECIMAL) if binary else (_DECIMAL, _BINARY)
+    return f"{_in_units(value, first)} ({_in_units(value, other)})"
 
 
 def parse_count(text: str, flag: str = "count") -> int:

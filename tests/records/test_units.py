@@ -9,6 +9,7 @@ from autotune.records import (
     format_bytes,
     format_count,
     format_flops,
+    format_given_bytes,
     parse_bytes,
     parse_count,
 )
@@ -58,3 +59,43 @@ def test_none_is_not_measured_not_zero() -> None:
 )
 def test_counts_print_in_short_units(value: float, expected: str) -> None:
     assert format_count(value) == expected
+
+
+@pytest.mark.parametrize("text", ["80", "80.5", " 16 "])
+def test_a_bare_number_is_refused_with_one_line_asking_for_a_unit(text: str) -> None:
+    number = text.strip()
+    with pytest.raises(AutotuneError) as caught:
+        parse_bytes(text, "--device-memory")
+    assert (
+        str(caught.value)
+        == f"--device-memory {number}: give a unit, e.g. {number}GiB or {number}GB"
+    )
+
+
+def test_bytes_and_both_unit_families_are_read() -> None:
+    assert parse_bytes("512B") == 512
+    assert parse_bytes("1.5GiB") == 1_610_612_736  # 1.5 x 1024**3
+    assert parse_bytes("80 GB") == 80_000_000_000
+    with pytest.raises(AutotuneError, match="--device-memory: cannot read '80GX'"):
+        parse_bytes("80GX", "--device-memory")
+
+
+@pytest.mark.parametrize(
+    ("value", "given", "expected"),
+    [
+        # 80e9 / 1024**3 = 74.506; 80 x 1024**3 / 1e9 = 85.899
+        (80_000_000_000, "80GB", "80 GB (74.51 GiB)"),
+        (85_899_345_920, "80GiB", "80 GiB (85.90 GB)"),
+        (1_610_612_736, "1.5gib", "1.50 GiB (1.61 GB)"),
+        (512 * 1024**2, "512MiB", "512 MiB (536.87 MB)"),
+        # without the text: the family the value is round in
+        (85_899_345_920, None, "80 GiB (85.90 GB)"),
+        (80_000_000_000, None, "80 GB (74.51 GiB)"),
+        (3 * 1024**3, None, "3 GiB (3.22 GB)"),
+        (None, None, "–"),
+    ],
+)
+def test_memory_shows_in_the_unit_given_with_the_other_beside(
+    value: int | None, given: str | None, expected: str
+) -> None:
+    assert format_given_bytes(value, given) == expected
