@@ -30,24 +30,44 @@ HF_MODEL = typer.Option(
     "or a Hub name where there is internet); synthetic token batches (with --seq-len).",
 )
 SEQ_LEN = typer.Option(
-    None, "--seq-len", min=1, help="Tokens per sample with --hf-config / --hf-model."
+    None,
+    "--seq-len",
+    min=1,
+    help="Tokens per sample with --hf-config / --hf-model (an image classifier: the image side "
+    "in pixels; a CTC speech model: audio samples).",
+)
+TASK = typer.Option(
+    None,
+    "--task",
+    help="With --hf-config / --hf-model: the head to build (causal-lm, masked-lm, seq2seq-lm, "
+    "sequence-classification, image-classification, speech-seq2seq, ctc, contrastive); "
+    "default: from the config's architectures, else causal-lm.",
 )
 
 
 def model_source(
-    model: Path | None, hf_config: str | None, hf_model: str | None, seq_len: int | None
+    model: Path | None,
+    hf_config: str | None,
+    hf_model: str | None,
+    seq_len: int | None,
+    task: str | None = None,
 ) -> AbstractContextManager[ModelSource]:
     """:func:`autotune.runtime.hf.model_source`, imported only when a command runs."""
     from autotune.runtime.hf import model_source as open_source
 
-    return open_source(model, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len)
+    return open_source(model, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len, task=task)
 
 
 def source_args(
-    model: Path | None, hf_config: str | None, hf_model: str | None, seq_len: int | None
+    model: Path | None,
+    hf_config: str | None,
+    hf_model: str | None,
+    seq_len: int | None,
+    task: str | None = None,
 ) -> list[str]:
     """The command-line words that named the model, for a record's command."""
     words = [str(model)] if model is not None else []
     words += ["--hf-config", hf_config] if hf_config is not None else []
     words += ["--hf-model", hf_model] if hf_model is not None else []
-    return words + (["--seq-len", str(seq_len)] if seq_len is not None else [])
+    words += ["--seq-len", str(seq_len)] if seq_len is not None else []
+    return words + (["--task", task] if task is not None else [])

@@ -1,9 +1,12 @@
-"""The Hugging Face entry: a transformers config (random init) or weights, fed synthetic token
-batches, written out as a model file so profile, confirm and trial workers load it like any other.
+"""The Hugging Face entry: a transformers config (random init) or weights, fed synthetic batches
+of the kind its task head takes, written out as a model file so profile, confirm and trial workers
+load it like any other.
 
 A config is read from a ``config.json``, a model directory, or a Hub name (the last one needs
-the network, as transformers does). Everything is checked in the parent, before any step runs:
-the config builds a causal language model, and the sequence fits ``max_position_embeddings``.
+the network, as transformers does). The task head comes from ``--task``, else from the config's
+``architectures`` (``BertForMaskedLM`` -> masked LM), else it is a causal LM. Everything is
+checked in the parent, before any step runs: the config builds the head, and the sequence fits
+``max_position_embeddings``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,42 @@ from autotune.records import AutotuneError
 
 ATTENTION = "sdpa"
 """The attention a config gets when it names none (stated, as transformers' default may change)."""
+
+TASKS: dict[str, str] = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "image-classification": "AutoModelForImageClassification",
+    "speech-seq2seq": "AutoModelForSpeechSeq2Seq",
+    "ctc": "AutoModelForCTC",
+    "contrastive": "AutoModel",
+}
+"""Each task head and the transformers auto class that builds it (``contrastive``: CLIP-style
+models whose base class returns a loss with ``return_loss=True``)."""
+
+_NAMES = {
+    "causal-lm": "causal language model",
+    "masked-lm": "masked language model",
+    "seq2seq-lm": "sequence-to-sequence language model",
+    "speech-seq2seq": "speech-to-text model",
+    "ctc": "CTC speech model",
+    "contrastive": "contrastive (CLIP-style) model",
+}
+
+_SUFFIXES = (
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForPreTraining", "masked-lm"),
+    ("ForSequenceClassification", "sequence-classification"),
+    ("ForImageClassification", "image-classification"),
+    ("ForCTC", "ctc"),
+    ("ForConditionalGeneration", "seq2seq-lm"),
+    ("ForSpeechSeq2Seq", "speech-seq2seq"),
+)
+IMAGE_TASKS = ("image-classification",)
+"""Tasks whose ``--seq-len`` is the image side in pixels."""
 
 
 @dataclass(frozen=True)
@@ -111,50 +150,111 @@ def load_config(source: str | Path, flag: str = "--hf-config") -> Any:
     return config_from_dict(config.to_dict(), where)
 
 
-def check_seq_len(config: Any, seq_len: int, where: str) -> None:
-    """A sequence of ``seq_len`` tokens must fit the config's positions.
+def task_of(config: Any, task: str | None, where: str) -> str:
+    """The task head: ``task`` when given, else the config's first ``architectures`` entry
+    (by its suffix; a model type transformers lists as speech-to-text makes ``speech-seq2seq``),
+    else ``causal-lm``.
+
+    Raises:
+        AutotuneError: an unknown ``task``, or an architecture no task matches.
+    """
+    if task is not None:
+        if task not in TASKS:
+            raise AutotuneError(f"--task {task}: not one of {', '.join(TASKS)}")
+        return task
+    names = getattr(config, "architectures", None) or []
+    if not names:
+        return "causal-lm"
+    name = str(names[0])
+    if name == f"{type(config).__name__.removesuffix('Config')}Model" and _has(
+        config, "text_config"
+    ):
+        return "contrastive"
+    for suffix, found in _SUFFIXES:
+        if name.endswith(suffix):
+            if found == "seq2seq-lm" and _is_speech(config):
+                return "speech-seq2seq"
+            return found
+    raise AutotuneError(
+        f"{where}: architecture {name} has no task head autotune knows; "
+        f"give --task ({', '.join(TASKS)})"
+    )
+
+
+def _has(config: Any, name: str) -> bool:
+    return getattr(config, name, None) is not None
+
+
+def _is_speech(config: Any) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+    return config.model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+
+def check_seq_len(config: Any, seq_len: int, where: str, task: str = "causal-lm") -> None:
+    """A sequence of ``seq_len`` tokens must fit the config's positions (an image side and a
+    CTC model's audio samples are not positions).
 
     Raises:
         AutotuneError: ``seq_len`` below 1 or above ``max_position_embeddings``.
     """
     if seq_len < 1:
         raise AutotuneError(f"--seq-len: {seq_len} must be at least 1")
-    limit = getattr(config, "max_position_embeddings", None)
+    if task in (*IMAGE_TASKS, "ctc"):
+        return
+    text = getattr(config, "text_config", None) if task == "contrastive" else config
+    limit = getattr(text, "max_position_embeddings", None)
+    if task == "speech-seq2seq":
+        limit = getattr(config, "max_target_positions", None)
     if isinstance(limit, int) and seq_len > limit:
         raise AutotuneError(
             f"--seq-len {seq_len}: above max_position_embeddings {limit} of {where}"
         )
 
 
-def check_buildable(config: Any, where: str) -> nn.Module:
-    """Build the causal LM on the meta device (no memory): the config must describe one.
-
-    Raises:
-        AutotuneError: transformers cannot build a causal language model from it.
-    """
+def auto_class(task: str) -> Any:
+    """The transformers auto class of a task head."""
     import transformers
 
-    try:
-        with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(config)
-    except Exception as exc:
-        raise AutotuneError(
-            f"{where}: transformers cannot build a causal language model from it ({_one_line(exc)})"
-        ) from None
+    return getattr(transformers, TASKS[task])
 
 
-def build_model(config: dict[str, Any], weights: str | None, attention: str) -> nn.Module:
+def check_buildable(config: Any, where: str, task: str = "causal-lm") -> nn.Module:
+    """Build the task's model on the meta device (no memory): the config must describe one.
+
+    A model that refuses SDPA (no attention at all: Mamba, ResNet) gets ``eager``, in the
+    config itself, so the generated file builds it the same way.
+
+    Raises:
+        AutotuneError: transformers cannot build that head from it.
+    """
+    for attempt in range(2):
+        try:
+            with torch.device("meta"):
+                return auto_class(task).from_config(config)  # type: ignore[no-any-return]
+        except Exception as exc:
+            if attempt == 0 and "attention implementation" in str(exc):
+                config._attn_implementation = "eager"
+                continue
+            raise AutotuneError(
+                f"{where}: transformers cannot build a {_NAMES.get(task, task.replace('-', ' ') + ' model')} "
+                f"from it ({_one_line(exc)})"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def build_model(
+    config: dict[str, Any], weights: str | None, attention: str, task: str = "causal-lm"
+) -> nn.Module:
     """The model a generated file builds: random init from ``config``, or ``weights`` loaded.
 
     Weights are fp32 (the profile's autocast keeps fp32 parameters), whatever the checkpoint holds.
     """
-    import transformers
-
     cfg = config_from_dict(config, "generated model file", attention)
     dtype = torch.get_default_dtype()
     if weights is None:
-        return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    return transformers.AutoModelForCausalLM.from_pretrained(weights, config=cfg, dtype=dtype)
+        return auto_class(task).from_config(cfg, dtype=dtype)  # type: ignore[no-any-return]
+    return auto_class(task).from_pretrained(weights, config=cfg, dtype=dtype)  # type: ignore[no-any-return]
 
 
 def token_batch(vocab_size: int, seq_len: int, batch_size: int) -> dict[str, torch.Tensor]:
@@ -163,7 +263,89 @@ def token_batch(vocab_size: int, seq_len: int, batch_size: int) -> dict[str, tor
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-_TEMPLATE = '''"""Generated by autotune for {label}: {what}, synthetic token batches."""
+def _ctc_frames(config: Any, samples: int) -> int:
+    """Frames a wav2vec2-style feature encoder makes of ``samples`` (its convolutions' arithmetic)."""
+    for kernel, stride in zip(config.conv_kernel, config.conv_stride, strict=False):
+        samples = (samples - kernel) // stride + 1
+    return samples
+
+
+def batch_spec(config: Any, task: str, seq_len: int, where: str) -> dict[str, list[Any]]:
+    """What a batch of the task holds, per field: ``[kind, high or fill, *shape per sample]``.
+
+    Kinds: ``ids`` (random integers below ``high``), ``float`` (normal noise), ``same`` (a copy
+    of the field named second), ``flag`` (the value second). JSON-able, so a generated model
+    file carries it.
+
+    Raises:
+        AutotuneError: the config lacks a number the batch needs (named), or a CTC input too
+            short for one frame.
+    """
+
+    def need(owner: Any, name: str) -> int:
+        value = getattr(owner, name, None)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise AutotuneError(f"{where}: no {name} (needed for the synthetic {task} batches)")
+        return value
+
+    if task in ("causal-lm", "masked-lm"):
+        return {
+            "input_ids": ["ids", need(config, "vocab_size"), seq_len],
+            "labels": ["same", "input_ids"],
+        }
+    if task == "seq2seq-lm":
+        vocab = need(config, "vocab_size")
+        return {"input_ids": ["ids", vocab, seq_len], "labels": ["ids", vocab, seq_len]}
+    if task == "sequence-classification":
+        ids = ["ids", need(config, "vocab_size"), seq_len]
+        return {"input_ids": ids, "labels": ["ids", need(config, "num_labels")]}
+    if task in IMAGE_TASKS:
+        pixels = ["float", 0, need(config, "num_channels"), seq_len, seq_len]
+        return {"pixel_values": pixels, "labels": ["ids", need(config, "num_labels")]}
+    if task == "speech-seq2seq":
+        frames = 2 * need(config, "max_source_positions")
+        features = ["float", 0, need(config, "num_mel_bins"), frames]
+        return {"input_features": features, "labels": ["ids", need(config, "vocab_size"), seq_len]}
+    if task == "ctc":
+        frames = _ctc_frames(config, seq_len)
+        if frames < 2:
+            raise AutotuneError(
+                f"--seq-len {seq_len}: too few audio samples for 2 frames of {where}"
+            )
+        # 1 and up: 0 is the blank/padding token a CTC head ignores
+        return {
+            "input_values": ["float", 0, seq_len],
+            "labels": ["ids", need(config, "vocab_size"), frames // 2],
+        }
+    text, vision = config.text_config, config.vision_config
+    pixels = [
+        "float",
+        0,
+        need(vision, "num_channels"),
+        need(vision, "image_size"),
+        vision.image_size,
+    ]
+    ids = ["ids", need(text, "vocab_size"), seq_len]
+    return {"input_ids": ids, "pixel_values": pixels, "return_loss": ["flag", True]}
+
+
+def make_batch(spec: dict[str, list[Any]], batch_size: int) -> dict[str, Any]:
+    """A random batch of ``batch_size`` samples as :func:`batch_spec` describes it."""
+    batch: dict[str, Any] = {}
+    for name, (kind, value, *shape) in spec.items():
+        if kind == "ids":
+            low = 1 if name == "labels" and value > 2 else 0
+            batch[name] = torch.randint(low, value, (batch_size, *shape))
+        elif kind == "float":
+            batch[name] = torch.randn(batch_size, *shape)
+        elif kind == "same":
+            batch[name] = batch[value].clone()
+        else:
+            batch[name] = value
+    return batch
+
+
+_TEMPLATE = '''"""Generated by autotune for {label}: {what}, {task} head, synthetic batches."""
 
 import json
 
@@ -172,16 +354,17 @@ from autotune.runtime import hf
 CONFIG = json.loads({config!r})
 WEIGHTS = {weights!r}
 ATTENTION = {attention!r}
-VOCAB_SIZE = {vocab!r}
-SEQ_LEN = {seq_len!r}
+TASK = {task!r}
+BATCH = json.loads({batch!r})
+TOKENS_PER_SAMPLE = {seq_len!r}
 
 
 def build_model():
-    return hf.build_model(CONFIG, WEIGHTS, ATTENTION)
+    return hf.build_model(CONFIG, WEIGHTS, ATTENTION, TASK)
 
 
 def build_batch(batch_size):
-    return hf.token_batch(VOCAB_SIZE, SEQ_LEN, batch_size)
+    return hf.make_batch(BATCH, batch_size)
 '''
 
 
@@ -191,23 +374,43 @@ def _stem(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_") or "hf"
 
 
+def prepared_config(config: Any, task: str, seq_len: int, where: str) -> Any:
+    """The config checked for ``task`` at ``seq_len``: an image model's side set to ``seq_len``,
+    a padding token for a classifier that pools the last token (a batch of several needs one).
+
+    Raises:
+        AutotuneError: a bad ``seq_len``, or a config that cannot build the head.
+    """
+    check_seq_len(config, seq_len, where, task)
+    if task in IMAGE_TASKS and _has(config, "image_size"):
+        config.image_size = seq_len
+    if task == "sequence-classification" and getattr(config, "pad_token_id", 0) is None:
+        config.pad_token_id = 0
+    check_buildable(config, where, task)
+    return config
+
+
 def hf_model_file(
-    *, hf_config: str | None = None, hf_model: str | None = None, seq_len: int
+    *,
+    hf_config: str | None = None,
+    hf_model: str | None = None,
+    seq_len: int,
+    task: str | None = None,
 ) -> tuple[str, str, str]:
     """A model file for a config or weights: its text, label and stem; all checked first.
 
     Raises:
-        AutotuneError: a config that cannot be read or built, or a bad ``seq_len``.
+        AutotuneError: a config that cannot be read or built, or a bad ``seq_len`` or ``task``.
     """
     flag, source = ("--hf-model", hf_model) if hf_model is not None else ("--hf-config", hf_config)
     assert source is not None
     where = f"{flag} {source}"
     config = load_config(source, flag)
-    check_seq_len(config, seq_len, where)
-    check_buildable(config, where)
-    if not isinstance(getattr(config, "vocab_size", None), int):
-        raise AutotuneError(f"{where}: no vocab_size (needed for the synthetic token batches)")
+    head = task_of(config, task, where)
+    config = prepared_config(config, head, seq_len, where)
+    spec = batch_spec(config, head, seq_len, where)
     label = f"{flag.lstrip('-')} {source} --seq-len {seq_len}"
+    label += f" --task {task}" if task is not None else ""
     weights = (
         str(Path(source).expanduser().resolve()) if hf_model and Path(source).is_dir() else hf_model
     )
@@ -217,7 +420,8 @@ def hf_model_file(
         config=json.dumps(config.to_diff_dict(), sort_keys=True),
         weights=weights,
         attention=config._attn_implementation,
-        vocab=config.vocab_size,
+        task=head,
+        batch=json.dumps(spec),
         seq_len=seq_len,
     )
     return text, label, f"{_stem(str(source))}_s{seq_len}"
@@ -230,6 +434,7 @@ def model_source(
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
+    task: str | None = None,
 ) -> Iterator[ModelSource]:
     """The one entry every command shares: MODEL, or a model file generated from a Hugging Face
     config (``hf_config``) or weights (``hf_model``), which lives until the block ends.
@@ -245,16 +450,19 @@ def model_source(
     if not given:
         raise AutotuneError("MODEL: give a model file, --hf-config or --hf-model")
     if model is not None:
-        if seq_len is not None:
-            raise AutotuneError(
-                "--seq-len: only with --hf-config or --hf-model (a model file makes its own batches)"
-            )
+        for flag, value in (("--seq-len", seq_len), ("--task", task)):
+            if value is not None:
+                raise AutotuneError(
+                    f"{flag}: only with --hf-config or --hf-model (a model file makes its own batches)"
+                )
         path = Path(model)
         yield ModelSource(path, str(path.expanduser().resolve()), path.stem)
         return
     if seq_len is None:
         raise AutotuneError(f"{given[0]} needs --seq-len (tokens per sample)")
-    text, label, stem = hf_model_file(hf_config=hf_config, hf_model=hf_model, seq_len=seq_len)
+    text, label, stem = hf_model_file(
+        hf_config=hf_config, hf_model=hf_model, seq_len=seq_len, task=task
+    )
     with tempfile.TemporaryDirectory(prefix="autotune-hf-") as directory:
         path = Path(directory) / f"{stem}.py"
         path.write_text(text, encoding="utf-8")

@@ -393,7 +393,10 @@ def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
         )
     trainable = nn.ParameterList([p for p in model.parameters() if p.requires_grad])
     get_input = getattr(model, "get_input_embeddings", None)
-    table = get_input() if callable(get_input) else None
+    try:
+        table = get_input() if callable(get_input) else None
+    except NotImplementedError:  # transformers' multi-tower models (CLIP) have no one table
+        table = None
     embeddings = (
         [table]
         if isinstance(table, nn.Embedding)

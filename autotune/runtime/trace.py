@@ -10,19 +10,24 @@ real forward would save them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
+import logging
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree
 
 from autotune.estimator import ActivationSpec, ModelFacts, TracedMoment
-from autotune.records import Plan
+from autotune.records import AutotuneError, Plan
 from autotune.runtime import _blocks as blocks
 from autotune.runtime import _memory as mem
 from autotune.runtime import hf
@@ -61,6 +66,9 @@ def _fake_tracing() -> Iterator[FakeTensorMode]:
         patches.append((masking, "find_packed_sequence_indices", lambda position_ids: None))
     except ImportError:
         pass
+    # a fake kernel that refuses logs its traceback at ERROR level: the trace falls back instead
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    patches.append((quiet, "disabled", True))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -225,15 +233,17 @@ class _UncheckedRunner(TrainRunner):
         return loss / self.grad_accum if self.grad_accum > 1 else loss
 
 
-def trace_step(model_file: ModelFile, plan: Plan, batch: Any) -> TracedMoment:
-    """The peak of one whole training step of ``plan`` on fake tensors, and what was live then.
+def trace_step(model_file: ModelFile, plan: Plan, batch: Any, *, fake: bool = True) -> TracedMoment:
+    """The peak of one whole training step of ``plan``, and what was live then.
 
     The profile's own :func:`~autotune.runtime.profiler.tracked_step` (forward,
     backward, optimizer step under the live-tensor tracker) runs after one warm-up
     step, as in ``autotune profile``: the optimizer's state exists, the gradients
-    were freed. Nothing is allocated. ``batch``, fake, feeds both steps.
+    were freed. On fake tensors (``fake``) nothing is allocated and ``batch``, fake,
+    feeds both steps; otherwise it is a real step at ``plan``'s (small) micro-batch.
     """
-    runner = _UncheckedRunner(
+    runner_class = _UncheckedRunner if fake else TrainRunner
+    runner = runner_class(
         model_file,
         micro_batch=plan.micro_batch,
         checkpoint_blocks=plan.checkpoint_blocks,
@@ -252,48 +262,200 @@ def trace_step(model_file: ModelFile, plan: Plan, batch: Any) -> TracedMoment:
     return TracedMoment(plan=plan, peak=step.peak.peak, at_peak=step.peak.at_peak)
 
 
-def facts_from_model_file(
-    path: str | Path,
-    *,
-    precisions: tuple[str, ...] = DEFAULT_PRECISIONS,
-    batch_sizes: tuple[int, int] = (1, 2),
-) -> ModelFacts:
-    """Trace a model file's activations at each precision without allocating its tensors.
+PATH_FAKE = "traced on fake tensors"
+PATH_META_INIT = "traced on fake tensors, the model initialised on the meta device"
+PATH_REAL = "measured in real steps at micro-batch {sizes}, scaled by the per-sample share"
+PATHS = (PATH_FAKE, PATH_META_INIT, PATH_REAL)
+"""The order the trace tries, each when the one before cannot run: fake tensors (nothing
+allocated); the same after building the model on the meta device and ``to_empty`` (an init
+that reads values, e.g. a truncated-normal init calling ``.item()``, cannot run on fake
+tensors); a real forward and step at the two small batch sizes, whose linear fit scales to
+any micro-batch (a kernel whose fake/meta implementation differs from the real one, e.g.
+``_grouped_mm``'s dtype check, or data-dependent control flow). Only the last path's error
+reaches the user: it is the one ``autotune profile`` would meet too."""
 
-    The batches come from the file (small real inputs, turned into fake tensors);
-    the model is built on the meta device (counts) and under FakeTensorMode (trace).
+SPREAD_BATCHES = 4
+"""Batches a real-step trace counts at the larger size to see data-dependent activations
+(mixture-of-experts routing); the figures are then the largest of them."""
 
-    A whole training step at the larger batch size is traced too (forward, backward,
-    optimizer step), so the peak's temporaries come from the trace, not from zero.
 
-    Raises:
-        AutotuneError: anything wrong with the model file.
-    """
-    model_file = load_model_file(path)
-    with torch.device("meta"):
-        meta = model_file.build_model()
-    real = {b: _first_batch(model_file, b) for b in batch_sizes}
-    seq_len = model_file.tokens_per_sample(real[batch_sizes[0]])
-    forward = _file_forward(model_file)
-    specs = {}
+@dataclass(frozen=True)
+class _Traced:
+    specs: dict[str, ActivationSpec]
+    moment: TracedMoment
+    counted: nn.Module
+
+
+def _reason(exc: BaseException) -> str:
+    cause = exc.__cause__ if isinstance(exc, AutotuneError) and exc.__cause__ else exc
+    text = " ".join(str(cause).split())
+    return f"{type(cause).__name__}: {text[:160]}"
+
+
+def _meta_initialised(model_file: ModelFile) -> ModelFile:
+    """The file with ``build_model`` building on the meta device, then given empty tensors of the
+    current mode (fake ones under tracing): the init never runs on fake values."""
+    copied = copy.copy(model_file)
+
+    def build() -> nn.Module:
+        with torch.device("meta"):
+            model = model_file.build_model()
+        return _materialised(model)
+
+    copied.build_model = build  # type: ignore[method-assign]
+    return copied
+
+
+def _materialised(model: nn.Module) -> nn.Module:
+    """``model`` with every meta parameter and buffer replaced by an empty CPU one, tied
+    parameters kept tied (``to_empty`` cannot swap parameters into fake tensors)."""
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                if id(param) not in made:
+                    empty = torch.empty_like(param, device="cpu")
+                    made[id(param)] = nn.Parameter(empty, requires_grad=param.requires_grad)
+                module._parameters[name] = made[id(param)]
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                module._buffers[name] = torch.zeros_like(buffer, device="cpu")
+    return model
+
+
+def _fake_path(
+    model_file: ModelFile, real: dict[int, Any], precisions: tuple[str, ...], meta: nn.Module
+) -> _Traced:
+    forward, sizes = _file_forward(model_file), (min(real), max(real))
     with _fake_tracing() as mode:
 
         def batch_of(b: int) -> Any:
             return _pytree.tree_map_only(torch.Tensor, mode.from_tensor, real[b])
 
-        for precision in precisions:
-            specs[precision] = trace_activations(
-                model_file.build_model,
-                batch_of,
-                forward,
-                precision=precision,
-                batch_sizes=batch_sizes,
+        specs = {
+            precision: trace_activations(
+                model_file.build_model, batch_of, forward, precision=precision, batch_sizes=sizes
             )
-        moment = trace_step(
-            model_file, Plan(micro_batch=batch_sizes[-1]), batch_of(batch_sizes[-1])
+            for precision in precisions
+        }
+        moment = trace_step(model_file, Plan(micro_batch=sizes[-1]), batch_of(sizes[-1]))
+    return _Traced(specs, moment, meta)
+
+
+def _real_path(
+    model_file: ModelFile, real: dict[int, Any], precisions: tuple[str, ...]
+) -> tuple[_Traced, str]:
+    """Real forwards and a real step at the small batch sizes; several batches at the larger
+    one bound activations that depend on the data. Returns the figures and what bounds them."""
+    forward, sizes = _file_forward(model_file), (min(real), max(real))
+    specs = {
+        precision: trace_activations(
+            model_file.build_model,
+            real.__getitem__,
+            forward,
+            precision=precision,
+            batch_sizes=sizes,
         )
-    facts = _facts(type(meta).__name__, meta, seq_len, specs)
-    return facts.model_copy(update={"traced_moment": moment})
+        for precision in precisions
+    }
+    counted = model_file.build_model()
+    spread = _spread(model_file, counted, real[sizes[-1]], forward)
+    low, high = min(spread), max(spread)
+    scale = high / spread[0] if spread[0] else 1.0
+    if scale > 1.0:
+        specs = {name: _scaled(spec, scale) for name, spec in specs.items()}
+    bound = (
+        f"saved activations over {len(spread)} batches spread {100 * (high - low) / high:.1f} %"
+        + (f", figures raised to the largest (x{scale:.3f}): a bound" if scale > 1.0 else "")
+        if high
+        else "no activations saved"
+    )
+    moment = trace_step(model_file, Plan(micro_batch=sizes[-1]), real[sizes[-1]], fake=False)
+    return _Traced(specs, moment, counted), bound
+
+
+def _spread(model_file: ModelFile, model: nn.Module, first: Any, forward: Forward) -> list[int]:
+    """Saved activations of the fit's batch ``first``, then of more batches of its size
+    (:data:`SPREAD_BATCHES` in all)."""
+    size = next(t for t in _pytree.tree_leaves(first) if isinstance(t, torch.Tensor)).shape[0]
+    stream = model_file.batches(size, workers=0)
+    try:
+        batches = [first, *(next(stream) for _ in range(SPREAD_BATCHES - 1))]
+    finally:
+        stream.close()  # type: ignore[attr-defined]
+    return [_count(model, batch, forward, "fp32", 0).activations for batch in batches]
+
+
+def _scaled(spec: ActivationSpec, factor: float) -> ActivationSpec:
+    fields = ("fixed", "per_sample", "block_fixed", "block_per_sample")
+    return spec.model_copy(update={f: getattr(spec, f) * factor for f in fields})
+
+
+def _labelled(traced: _Traced, path: str) -> dict[str, ActivationSpec]:
+    return {k: v.model_copy(update={"path": path}) for k, v in traced.specs.items()}
+
+
+def facts_from_model_file(
+    path: str | Path,
+    *,
+    precisions: tuple[str, ...] = DEFAULT_PRECISIONS,
+    batch_sizes: tuple[int, int] = (1, 2),
+    real_step_limit: int | None = None,
+) -> ModelFacts:
+    """A model file's activations at each precision, by the first of :data:`PATHS` that runs.
+
+    The batches come from the file (small real inputs, turned into fake tensors on the
+    fake paths); the model is counted on the meta device. A whole training step at the
+    larger batch size is traced too (forward, backward, optimizer step), so the peak's
+    temporaries come from the trace, not from zero. Each figure's ``path`` says which
+    path it came from, and why the ones before it could not run.
+
+    Args:
+        real_step_limit: bytes the real-step path may take for the model's states (parameters,
+            gradients, Adam's two moments: 16 per parameter); ``None``: no limit.
+
+    Raises:
+        AutotuneError: anything wrong with the model file (what the real path meets), or
+            a model over ``real_step_limit`` that no fake path can trace.
+    """
+    model_file = load_model_file(path)
+    real = {b: _first_batch(model_file, b) for b in batch_sizes}
+    seq_len = model_file.tokens_per_sample(real[batch_sizes[0]])
+    failed: list[str] = []
+    try:
+        with torch.device("meta"):
+            meta = model_file.build_model()
+    except Exception as exc:  # the real path counts the real model instead
+        failed.append(f"meta-device build: {_reason(exc)}")
+        meta = None
+    if meta is not None:
+        for name, source in ((PATH_FAKE, model_file), (PATH_META_INIT, None)):
+            try:
+                source = source or _meta_initialised(model_file)
+                traced = _fake_path(source, real, precisions, meta)
+            except Exception as exc:  # the trace's limit, not the user's mistake
+                failed.append(f"{name}: {_reason(exc)}")
+                continue
+            label = name + (f" ({'; '.join(failed)} failed)" if failed else "")
+            return _model_file_facts(traced, seq_len, label)
+    if real_step_limit is not None and meta is not None:
+        states = 16 * sum(p.numel() for p in meta.parameters())
+        if states > real_step_limit:
+            raise model_file.error(
+                f"no trace path can run without a real step of {states / 2**30:.1f} GiB of model "
+                f"states, over the {real_step_limit / 2**30:.1f} GiB allowed ({'; '.join(failed)}); "
+                "estimate from a profile on a machine that fits it (--profile)"
+            )
+    traced, bound = _real_path(model_file, real, precisions)
+    why = "; ".join([*failed, bound])
+    label = PATH_REAL.format(sizes=" and ".join(map(str, batch_sizes))) + f" ({why})"
+    return _model_file_facts(traced, seq_len, label)
+
+
+def _model_file_facts(traced: _Traced, seq_len: int | None, label: str) -> ModelFacts:
+    model = traced.counted
+    facts = _facts(type(model).__name__, model, seq_len, _labelled(traced, label))
+    return facts.model_copy(update={"traced_moment": traced.moment})
 
 
 def load_hf_config(path: str | Path) -> Any:
@@ -313,44 +475,77 @@ def facts_from_hf_config(
     precisions: tuple[str, ...] = DEFAULT_PRECISIONS,
     trace_layers: int = 2,
     batch_sizes: tuple[int, int] = (1, 2),
+    task: str | None = None,
 ) -> ModelFacts:
-    """Facts of a causal LM described by a local transformers config, without its memory.
+    """Facts of a model described by a transformers config, without its memory.
 
-    Parameters are counted on a meta-device build of the full model; activations
-    are traced on a copy with ``trace_layers`` blocks (the blocks are identical)
-    and scaled to the config's L, so a 70B config takes seconds.
+    The task head comes from ``task``, else the config's ``architectures``
+    (:func:`autotune.runtime.hf.task_of`). Parameters are counted on a meta-device build
+    of the full model. A causal LM's activations are traced on fake tensors on a copy
+    with ``trace_layers`` blocks (the blocks are identical) and scaled to the config's L,
+    so a 70B config takes seconds; any other head, or a causal LM whose short trace cannot
+    run, is traced whole through the model file ``--hf-config`` generates, by the first of
+    :data:`PATHS` that runs (the real-step path only where the model fits in half the
+    available memory).
 
     Raises:
-        AutotuneError: a bad config file or sequence length.
+        AutotuneError: a bad config file, task or sequence length; or no path that can run.
     """
-    import transformers
-
+    where = f"--hf-config {path}"
     config = load_hf_config(path)
-    config._attn_implementation = "sdpa"
-    hf.check_seq_len(config, seq_len, f"--hf-config {path}")
-    meta = hf.check_buildable(config, f"--hf-config {path}")
+    head = hf.task_of(config, task, where)
+    config = hf.prepared_config(config, head, seq_len, where)
+    meta = hf.check_buildable(config, where, head)
+    failed = None
+    if head == "causal-lm":
+        try:
+            return _short_causal_facts(config, meta, seq_len, precisions, trace_layers, batch_sizes)
+        except Exception as exc:  # the trace's limit, not the user's mistake
+            failed = f"{PATH_FAKE} on {trace_layers} blocks: {_reason(exc)}"
+    text, _, stem = hf.hf_model_file(hf_config=str(path), seq_len=seq_len, task=task)
+    limit = int(psutil.virtual_memory().available // 2)
+    with tempfile.TemporaryDirectory(prefix="autotune-hf-") as directory:
+        file = Path(directory) / f"{stem}.py"
+        file.write_text(text, encoding="utf-8")
+        facts = facts_from_model_file(
+            file, precisions=precisions, batch_sizes=batch_sizes, real_step_limit=limit
+        )
+    if failed is None:
+        return facts
+    specs = {
+        k: v.model_copy(update={"path": f"{v.path}; {failed}"})
+        for k, v in facts.activations.items()
+    }
+    return facts.model_copy(update={"activations": specs})
+
+
+def _short_causal_facts(
+    config: Any,
+    meta: nn.Module,
+    seq_len: int,
+    precisions: tuple[str, ...],
+    trace_layers: int,
+    batch_sizes: tuple[int, int],
+) -> ModelFacts:
+    """A causal LM traced on fake tensors with ``trace_layers`` of its blocks, scaled to L."""
     layers = getattr(config, "num_hidden_layers", None)
-    short = config.__class__.from_dict(
-        {**config.to_dict(), "num_hidden_layers": min(trace_layers, layers or trace_layers)}
-    )
-    short._attn_implementation = "sdpa"
-    vocab = int(getattr(config, "vocab_size", 2))
+    traced = min(trace_layers, layers or trace_layers)
+    short = config.__class__.from_dict({**config.to_dict(), "num_hidden_layers": traced})
+    short._attn_implementation = config._attn_implementation
+    spec = hf.batch_spec(config, "causal-lm", seq_len, "--hf-config")
     specs = {}
     with _fake_tracing():
-
-        def batch_of(b: int) -> Any:
-            ids = torch.randint(0, vocab, (b, seq_len))
-            return {"input_ids": ids, "labels": ids}
-
         for precision in precisions:
             specs[precision] = trace_activations(
-                lambda: transformers.AutoModelForCausalLM.from_config(
+                lambda: hf.auto_class("causal-lm").from_config(
                     short, dtype=torch.get_default_dtype()
                 ),
-                batch_of,
+                lambda b: hf.make_batch(spec, b),
                 lambda m, batch: m(**batch).loss,
                 precision=precision,
                 layers=layers,
                 batch_sizes=batch_sizes,
             )
+    label = PATH_FAKE + (f" ({traced} of {layers} blocks, scaled)" if layers != traced else "")
+    specs = {k: v.model_copy(update={"path": label}) for k, v in specs.items()}
     return _facts(type(meta).__name__, meta, seq_len, specs)

@@ -18,7 +18,7 @@ from autotune import __version__
 from autotune.estimator import ModelFacts
 from autotune.records import atomic_write_text
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2
 """Bumped when the trace itself changes what it measures."""
 
 
@@ -34,26 +34,28 @@ def _version(package: str) -> str | None:
         return None
 
 
-def entry(config: str | Path, seq_len: int, precisions: tuple[str, ...]) -> Path | None:
+def entry(
+    config: str | Path, seq_len: int, precisions: tuple[str, ...], task: str | None = None
+) -> Path | None:
     """The cache file for this trace (``None``: the config cannot be read, so never cached)."""
     try:
         data = Path(config).read_bytes()
     except OSError:
         return None
     key = json.dumps([TRACE_VERSION, __version__, _version("torch"), _version("transformers"),
-                      hashlib.sha256(data).hexdigest(), seq_len, sorted(precisions)])  # fmt: skip
+                      hashlib.sha256(data).hexdigest(), seq_len, sorted(precisions), task])  # fmt: skip
     return cache_dir() / "traces" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
 def facts_from_hf_config_cached(
-    config: str | Path, seq_len: int, precisions: tuple[str, ...]
+    config: str | Path, seq_len: int, precisions: tuple[str, ...], task: str | None = None
 ) -> tuple[ModelFacts, bool]:
     """:func:`autotune.runtime.trace.facts_from_hf_config`, from the cache when it has it.
 
     Returns:
         The facts, and whether they came from the cache.
     """
-    path = entry(config, seq_len, precisions)
+    path = entry(config, seq_len, precisions, task)
     if path is not None and path.is_file():
         try:
             return ModelFacts.model_validate_json(path.read_text(encoding="utf-8")), True
@@ -61,7 +63,7 @@ def facts_from_hf_config_cached(
             pass  # unreadable or from an older schema: trace again
     from autotune.runtime.trace import facts_from_hf_config
 
-    facts = facts_from_hf_config(config, seq_len, precisions=precisions)
+    facts = facts_from_hf_config(config, seq_len, precisions=precisions, task=task)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
