@@ -12,6 +12,7 @@ model (what tests/bench/test_gpu_check.py runs).
 
 Run (GPU):   bash bench/gpu_check.sh [--time-limit 480] [--out FILE]
 Run (CPU):   python bench/gpu_check.py --smoke --out /tmp/gpu-check/RESULTS-gpu.md
+Paths (``--out``, ``--work-dir``) are read from the directory it is started in, any directory.
 Exit status: 0 all ran and passed; 1 a check failed; 2 bad input; 3 stopped at the time limit.
 """
 
@@ -129,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"autotune: {problem}", file=sys.stderr)
         return 2
+    # The steps' commands run in the repository; paths the caller gave are from its directory.
     default = Path("gpu-check-smoke") if args.smoke else REPO / "bench"
-    out = args.out or default / "RESULTS-gpu.md"
-    work = args.work_dir or out.parent / "gpu-check-work"
+    out = (args.out or default / "RESULTS-gpu.md").resolve()
+    work = (args.work_dir or out.parent / "gpu-check-work").resolve()
     work.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     limit = args.time_limit or config.time_limit

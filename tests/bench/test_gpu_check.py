@@ -89,6 +89,24 @@ def test_a_short_time_limit_stops_the_check_with_what_it_has(tmp_path: Path) -> 
     assert left == []
 
 
+@pytest.mark.slow
+def test_relative_paths_are_read_from_the_directory_it_starts_in(tmp_path: Path) -> None:
+    """Started outside the repository with ``--out rel/R.md``: the profiles its commands
+    write (they run in the repository) land under the caller's ``rel/``, and are read back."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    command = [sys.executable, str(SCRIPT), "--smoke", "--only", "profiles", "--out", "rel/R.md"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=elsewhere)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "nothing failed" in done.stdout
+    work = elsewhere / "rel" / "gpu-check-work"
+    assert (elsewhere / "rel" / "R.md").is_file() and (elsewhere / "rel" / "R.json").is_file()
+    for ckpt in (0, 2):
+        record = json.loads((work / f"profile-mb2-ckpt{ckpt}.json").read_text())
+        assert record["memory"]["peak"] > 0
+    assert not (REPO / "rel").exists()
+
+
 @pytest.mark.parametrize("own_session", [False, True])
 def test_a_child_past_the_deadline_is_stopped_with_everything_it_started(
     tmp_path: Path, own_session: bool
