@@ -15,16 +15,18 @@ from autotune.confirm import ConfirmRecord
 from autotune.estimator import ModelFacts, facts_from_profile
 from autotune.policy import SuggestRecord
 from autotune.records import (
+    DEFAULT_MARGIN,
     AutotuneError,
+    Plan,
     ProfileRecord,
     Recommendation,
     Record,
     atomic_write_bytes,
     atomic_write_text,
-    format_bytes,
+    format_given_bytes,
 )
 from autotune.report import _changes, _collect, _figures, _html
-from autotune.report._data import ReportData, TrialPoint
+from autotune.report._data import MemoryBar, ReportData, TrialPoint
 from autotune.search import TuneRecord
 
 if TYPE_CHECKING:
@@ -81,11 +83,21 @@ def collect(inputs: ReportInputs) -> ReportData:
     trial_budget = (
         budget if inputs.device_memory is not None or tune_budget is None else tune_budget
     )
-    data = ReportData(title=_title(inputs), budget_bytes=budget, trial_budget_bytes=trial_budget)
+    data = ReportData(
+        title=_title(inputs),
+        budget_bytes=budget,
+        trial_budget_bytes=trial_budget,
+        trial_margin=_trial_margin(inputs) if trial_budget is not None else None,
+    )
     facts = facts_from_profile(inputs.profile) if inputs.profile is not None else None
     if inputs.profile is not None:
-        data = _add_profile(data, inputs.profile)
+        # With a tune record the baseline is tune's, not the profiled plan.
+        label = "profiled" if inputs.tune is not None else "baseline"
+        plan = facts.baseline.plan if facts is not None and facts.baseline else None
+        data = _add_profile(data, inputs.profile, label, plan)
     _add_changes(data, inputs, facts)
+    if inputs.tune is not None:
+        data.memory_bars.extend(_tune_baseline_bars(inputs.tune, facts))
     data.trials.extend(_trials(inputs, data.notes))
     data = replace(data, importances=_importances(inputs, data.notes))
     rec = inputs.recommendation or (inputs.tune.recommendation if inputs.tune else None)
@@ -115,11 +127,37 @@ def _peak_source_note(inputs: ReportInputs, rec: Recommendation) -> list[str]:
     ]
 
 
-def _add_profile(data: ReportData, profile: ProfileRecord) -> ReportData:
+def _trial_margin(inputs: ReportInputs) -> float:
+    """The margin tune kept free of its budget; the default where the record does not say."""
+    margin = getattr(inputs.tune, "margin", None) if inputs.tune is not None else None
+    return DEFAULT_MARGIN if margin is None else float(margin)
+
+
+def _tune_baseline_bars(tune: TuneRecord, facts: ModelFacts | None) -> list[MemoryBar]:
+    """Tune's baseline trial (the user's plan), measured if it ran, else as predicted."""
+    trial = next((t for t in tune.trials if t.role == "baseline"), None)
+    if trial is None:
+        return []
+    outcome = trial.outcome or trial.state
+    return [
+        _changes.plan_bar(
+            "tune baseline",
+            trial.plan,
+            facts,
+            predicted_peak=trial.predicted_peak_bytes,
+            measured_peak=trial.peak_memory_bytes,
+            note=f"; trial #{trial.number} {outcome}",
+        )
+    ]
+
+
+def _add_profile(
+    data: ReportData, profile: ProfileRecord, label: str, plan: Plan | None
+) -> ReportData:
     rows, note = _collect.block_rows(profile)
     data.notes.extend([note] if note else [])
     data.summary.extend(_collect.profile_summary(profile))
-    data.memory_bars.append(_collect.baseline_bar(profile))
+    data.memory_bars.append(_collect.profile_bar(profile, label, plan))
     data.block_activations.extend(rows)
     return replace(data, step_split=_collect.step_split(profile))
 
@@ -140,7 +178,7 @@ def _add_changes(data: ReportData, inputs: ReportInputs, facts: ModelFacts | Non
 def _overview(data: ReportData, rec: Recommendation | None) -> list[tuple[str, str]]:
     """Summary rows beyond the profile's: the budget drawn, the trials, the recommended plan."""
     budget = (
-        format_bytes(data.budget_bytes)
+        format_given_bytes(data.budget_bytes)
         if data.budget_bytes
         else "none known (--device-memory sets one)"
     )
@@ -212,7 +250,7 @@ def render(data: ReportData) -> Report:
         r.predicted_ratio is not None or r.measured_ratio is not None for r in data.suggestions
     )
     wanted: list[tuple[str, str, bool, Callable[[], Figure]]] = [
-        ("memory", "Memory per device by category, with the device budget", bool(data.memory_bars),
+        ("memory", "Memory per device at each plan's peak, by category, with the device budget", bool(data.memory_bars),
          lambda: _figures.memory_figure(data.memory_bars, data.budget_bytes)),
         ("blocks", "Activation bytes saved for backward, per module (measured)", bool(data.block_activations),
          lambda: _figures.block_figure(data.block_activations)),
@@ -221,7 +259,7 @@ def render(data: ReportData) -> Report:
         ("changes", "Step time after / before each change: predicted, and measured once confirmed", ratios,
          lambda: _figures.changes_figure(data.suggestions)),
         ("trials", "Trials: peak memory against throughput, Pareto front drawn", bool(data.trials),
-         lambda: _figures.trials_figure(data.trials, data.trial_budget_bytes)),
+         lambda: _figures.trials_figure(data.trials, data.trial_budget_bytes, data.trial_margin)),
         ("importances", "Optuna parameter importances", bool(data.importances),
          lambda: _figures.importance_figure(data.importances or {})),
     ]  # fmt: skip

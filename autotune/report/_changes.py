@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.confirm import ConfirmRecord, ConfirmStep, Measured
-from autotune.estimator import ModelFacts, estimate_plan
+from autotune.estimator import ModelFacts, PlanEstimate, estimate_plan, moments
 from autotune.policy import Predicted, Suggestion, SuggestRecord
 from autotune.records import Plan, format_bytes
 from autotune.report._data import MemoryBar, SuggestionRow
@@ -16,34 +16,57 @@ def plan_bar(
     *,
     predicted_peak: int | None = None,
     measured_peak: int | None = None,
+    note: str = "",
 ) -> MemoryBar:
-    """A bar for ``plan``: the estimator's bytes per category when model facts are known.
+    """A bar for ``plan`` that ends at its peak: the measured one when it ran, else the predicted.
 
-    Without facts only a total can be drawn: the measured peak, else the predicted one.
+    With model facts the peak is split into the estimator's categories at the moment the
+    plan peaks (``estimator.moments``), ``other`` being the rest of the peak (buffers,
+    autocast copies, temporaries); the predicted peak defaults to the estimator's. Without
+    facts, or when the categories exceed a measured peak, only a total is drawn.
     """
-    if facts is None:
-        total = measured_peak if measured_peak is not None else predicted_peak
-        source = "measured" if measured_peak is not None else "formula"
-        return MemoryBar(
-            label,
-            {},
-            source,
-            total=total,
-            predicted_peak=predicted_peak,
-            measured_peak=measured_peak,
-        )
-    est = estimate_plan(facts, plan)
-    mem = est.memory
+    est = estimate_plan(facts, plan) if facts is not None else None
+    if predicted_peak is None and est is not None:
+        predicted_peak = est.memory.peak
+    height = measured_peak if measured_peak is not None else predicted_peak
+    kind = "measured" if measured_peak is not None else "predicted"
+    split = (
+        _split_at_peak(facts, est, height)
+        if facts is not None and est is not None and height is not None
+        else None
+    )
+    source = kind if split is None else f"{kind} peak, split at its {split[0]} ({est.source})"  # type: ignore[union-attr]
+    return MemoryBar(
+        label,
+        split[1] if split else {},
+        source + note,
+        total=None if split else height,
+        predicted_peak=predicted_peak,
+        measured_peak=measured_peak,
+        plan=plan.describe(),
+        ranks=plan.world_size,
+    )
+
+
+def _split_at_peak(
+    facts: ModelFacts, est: PlanEstimate, peak: int
+) -> tuple[str, dict[str, int]] | None:
+    """The moment the plan peaks and its categories there, ``other`` filling up to ``peak``."""
+    by_moment, _, _ = moments(facts, est.plan)
+    named = est.memory.peak_composition.split(" ", 1)[0]  # "backward (measured moment ...)"
+    moment = (
+        named
+        if named in by_moment
+        else max(by_moment, key=lambda name: sum(by_moment[name].values()))
+    )
+    live = by_moment[moment]
     parts = {
-        "parameters": mem.parameters,
-        "gradients": mem.gradients,
-        "optimizer_states": mem.optimizer_states,
-        "activations": mem.activations,
-        "other": mem.buffers + mem.autocast_weight_copies + mem.temporaries,
+        c: round(live[c]) for c in ("parameters", "gradients", "optimizer_states", "activations")
     }
-    # Model states always come from the formulas; the activation figures may be measured.
-    source = "formula" if est.source == "formula" else f"formula + {est.source} activations"
-    return MemoryBar(label, parts, source, predicted_peak=mem.peak, measured_peak=measured_peak)
+    rest = peak - sum(parts.values())
+    if rest < 0:
+        return None
+    return moment, {**parts, "other": rest}
 
 
 def suggestion_rows(record: SuggestRecord) -> list[SuggestionRow]:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from autotune.records import MeasuredPlan, ProfileRecord, Recommendation, format_bytes, format_count
+from autotune.records import (
+    MeasuredPlan,
+    Plan,
+    ProfileRecord,
+    Recommendation,
+    format_bytes,
+    format_count,
+)
 from autotune.report._data import MemoryBar, Outcome, StepSplit, TrialPoint
 from autotune.search import TrialRecord
 
@@ -55,20 +62,29 @@ def _mfu_text(profile: ProfileRecord) -> str:
     return f"{compute.mfu:.1%} (measured FLOP rate / {compute.peak_source} peak)"
 
 
-def baseline_bar(profile: ProfileRecord) -> MemoryBar:
-    """The measured bytes per category and the measured peak of the profiled plan.
+def profile_bar(profile: ProfileRecord, label: str, plan: Plan | None) -> MemoryBar:
+    """The profiled plan's bar: what was live at its measured peak, by category.
 
-    ``other`` gathers buffers, autocast's weight copies and the temporaries live at the peak.
+    ``other`` gathers buffers, autocast's weight copies and the temporaries live at the
+    peak, and whatever of the peak the profiler did not attribute (none in current records).
     """
-    mem = profile.memory
+    mem, at = profile.memory, profile.memory.at_peak
     parts = {
-        "parameters": mem.parameters,
-        "gradients": mem.gradients,
-        "optimizer_states": mem.optimizer_states,
-        "activations": mem.activations,
-        "other": mem.buffers + mem.autocast_weight_copies + mem.at_peak.temporaries,
+        "parameters": at.parameters,
+        "gradients": at.gradients,
+        "optimizer_states": at.optimizer_states,
+        "activations": at.activations,
+        "other": at.buffers + at.autocast_weight_copies + at.temporaries,
     }
-    return MemoryBar("baseline", parts, "measured", measured_peak=mem.peak)
+    parts["other"] += max(mem.peak - sum(parts.values()), 0)
+    return MemoryBar(
+        label,
+        parts,
+        f"measured ({mem.peak_source})",
+        measured_peak=mem.peak,
+        plan=plan.describe() if plan is not None else None,
+        ranks=plan.world_size if plan is not None else None,
+    )
 
 
 def block_rows(profile: ProfileRecord) -> tuple[list[tuple[str, int]], str | None]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from autotune.records import Machine
+
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "other")
 """Memory categories of the stacked bars, bottom to top."""
 
@@ -14,15 +16,18 @@ OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "timeout", "crash", "pruned")
 
 @dataclass(frozen=True)
 class MemoryBar:
-    """One stacked bar: full bytes per category (not all live at once) and the step's peak.
+    """One stacked bar: what was live at the moment of the plan's peak, so it ends at the peak.
 
     Attributes:
-        label: what the bar stands for (baseline, a change, the recommendation).
-        parts: category -> bytes; empty when only ``total`` is known.
-        source: where the parts come from, e.g. ``measured`` or ``formula``.
+        label: the bar's role (baseline, profiled, a change, the recommendation).
+        parts: category -> bytes live at the peak; they add up to the peak the bar stands
+            for. Empty when only ``total`` is known.
+        source: where the split and the peak come from, e.g. ``measured``.
         total: the bar's height when ``parts`` is empty; otherwise their sum.
         predicted_peak: the peak the cost model predicts for this plan.
         measured_peak: the peak a real run of this plan measured.
+        plan: the plan the bar stands for (``Plan.describe()``); ``None``: not known.
+        ranks: the ranks that plan runs on; ``None``: not known.
     """
 
     label: str
@@ -31,11 +36,21 @@ class MemoryBar:
     total: int | None = None
     predicted_peak: int | None = None
     measured_peak: int | None = None
+    plan: str | None = None
+    ranks: int | None = None
 
     @property
     def height(self) -> int | None:
         """Bytes the bar reaches."""
         return sum(self.parts.values()) if self.parts else self.total
+
+    @property
+    def caption(self) -> str:
+        """The bar's name with the plan and ranks it stands for (one line)."""
+        if self.plan is None:
+            return self.label
+        ranks = "" if self.ranks is None else f", {self.ranks} rank{'s' if self.ranks != 1 else ''}"
+        return f"{self.label}: {self.plan}{ranks}"
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,8 @@ class ReportData:
     memory_bars: list[MemoryBar] = field(default_factory=list)
     budget_bytes: int | None = None
     trial_budget_bytes: int | None = None
+    trial_margin: float | None = None
+    """Share of the trials' budget kept free: plans predicted above the rest were pruned."""
     block_activations: list[tuple[str, int]] = field(default_factory=list)
     step_split: StepSplit | None = None
     suggestions: list[SuggestionRow] = field(default_factory=list)
@@ -95,6 +112,13 @@ class ReportData:
     importances: dict[str, float] | None = None
     recommendation: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def trial_usable_bytes(self) -> float | None:
+        """The part of the trials' budget a plan's predicted peak had to fit in."""
+        if self.trial_budget_bytes is None or self.trial_margin is None:
+            return None
+        return Machine(device_memory=self.trial_budget_bytes, margin=self.trial_margin).usable
 
 
 def pareto_front(trials: list[TrialPoint]) -> list[TrialPoint]:

@@ -8,6 +8,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from autotune.records import Machine
 from autotune.report._data import (
     CATEGORIES,
     MemoryBar,
@@ -89,9 +90,9 @@ def memory_figure(bars: list[MemoryBar], budget: int | None) -> Figure:
             linewidth=1.2,
             label=f"device budget {budget / size:.2f} {unit}",
         )
-    ax.set_xticks(positions, [f"{bar.label}\n({_wrap(bar.source)})" for bar in bars], fontsize=8)
+    ax.set_xticks(positions, [_tick(bar) for bar in bars], fontsize=7)
     ax.set_ylabel(f"memory per device ({unit})")
-    ax.set_title("Memory by category (bars) and peak (diamonds)")
+    ax.set_title("Memory live at each plan's peak, by category (bars end at the peak)", fontsize=10)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
@@ -127,8 +128,28 @@ def _peak_markers(ax: Axes, bars: list[MemoryBar], size: float) -> None:
                 )
 
 
+def _tick(bar: MemoryBar) -> str:
+    """The bar's role, the plan it stands for and its ranks, then its source, a few short lines."""
+    lines = [bar.label]
+    if bar.plan is not None:
+        lines += _wrap_commas(bar.plan, 24)
+    if bar.ranks is not None:
+        lines.append(f"{bar.ranks} rank{'s' if bar.ranks != 1 else ''}")
+    return "\n".join([*lines, f"({_wrap(bar.source)})"])
+
+
+def _wrap_commas(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for part in text.split(","):
+        if lines and len(lines[-1]) + 1 + len(part) <= width:
+            lines[-1] += "," + part
+        else:
+            lines.append(part)
+    return lines
+
+
 def _wrap(text: str) -> str:
-    return text.replace(" + ", "\n+ ")
+    return text.replace(" + ", "\n+ ").replace(", split at", ",\nsplit at").replace("; ", ";\n")
 
 
 def _part(bar: MemoryBar, category: str) -> float:
@@ -186,9 +207,12 @@ def step_figure(split: StepSplit) -> Figure:
     return fig
 
 
-def trials_figure(trials: list[TrialPoint], budget: int | None) -> Figure:
-    """Peak memory against throughput; failed trials sit on the zero line, the Pareto front drawn."""
-    fig = Figure(figsize=(7.0, 4.4), layout="constrained")
+def trials_figure(
+    trials: list[TrialPoint], budget: int | None, margin: float | None = None
+) -> Figure:
+    """Peak memory against throughput; failed trials sit on the zero line, the Pareto front
+    ringed and joined; the budget and its usable part (budget x (1 - margin)) as lines."""
+    fig = Figure(figsize=(8.5, 4.6), layout="constrained")
     ax = fig.add_subplot()
     placed = [t for t in trials if t.peak_memory_bytes is not None]
     unit, size = byte_unit(max([t.peak_memory_bytes or 0 for t in placed] + [budget or 0, 1]))
@@ -221,23 +245,44 @@ def trials_figure(trials: list[TrialPoint], budget: int | None) -> Figure:
                 )
     front = pareto_front(trials)
     if front:
-        ax.step(
+        ax.plot(
             [(t.peak_memory_bytes or 0) / size for t in front],
             [t.samples_per_s or 0.0 for t in front],
-            where="post",
+            drawstyle="steps-post",
+            marker="o",
+            markersize=11,
+            markerfacecolor="none",
+            markeredgewidth=1.4,
             color="#c44e52",
             linewidth=1.2,
-            label="Pareto front",
+            label=f"Pareto front ({len(front)} trial{'s' if len(front) != 1 else ''})",
+            zorder=4,
+            gid="pareto-front",
         )
     if budget is not None:
         ax.axvline(
-            budget / size, color="black", linestyle="--", linewidth=1.0, label="device budget"
+            budget / size,
+            color="black",
+            linestyle="--",
+            linewidth=1.0,
+            label=f"device budget {budget / size:.2f} {unit}",
+            gid="budget",
         )
+        if margin is not None:
+            usable = Machine(device_memory=budget, margin=margin).usable or 0.0
+            ax.axvline(
+                usable / size,
+                color="#55a868",
+                linestyle=":",
+                linewidth=1.4,
+                label=f"usable {usable / size:.2f} {unit} = budget x (1 - {margin:g})",
+                gid="usable",
+            )
     unplaced = len(trials) - len(placed)
     note = f" ({unplaced} trial(s) without a measured peak not shown)" if unplaced else ""
     ax.set_xlabel(f"peak memory per device ({unit}; measured, pruned plans: predicted)")
     ax.set_ylabel("throughput (samples/s, measured; 0 = failed)")
-    ax.set_title(f"Trials: peak memory against throughput{note}", fontsize=10)
+    ax.set_title(f"Trials: peak memory against throughput{note}", fontsize=9)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

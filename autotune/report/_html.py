@@ -6,7 +6,7 @@ import base64
 import html
 from collections.abc import Iterable, Sequence
 
-from autotune.records import format_bytes
+from autotune.records import format_bytes, format_given_bytes
 from autotune.report._data import CATEGORIES, ReportData, TrialPoint, pareto_front
 
 SECTIONS = (
@@ -116,10 +116,12 @@ def _memory_section(data: ReportData, figures: dict[str, tuple[str, bytes]]) -> 
     if not data.memory_bars:
         return []
     head = (
+        "bar",
         "plan",
+        "ranks",
         "source",
         *(c.replace("_", " ") for c in CATEGORIES),
-        "sum",
+        "sum (the peak drawn)",
         "predicted peak",
         "measured peak",
     )
@@ -127,9 +129,20 @@ def _memory_section(data: ReportData, figures: dict[str, tuple[str, bytes]]) -> 
     for bar in data.memory_bars:
         cells = [format_bytes(bar.parts[c]) if c in bar.parts else "–" for c in CATEGORIES]
         peaks = (format_bytes(bar.predicted_peak), format_bytes(bar.measured_peak))
-        rows.append((bar.label, bar.source, *cells, format_bytes(bar.height), *peaks))
+        ranks = "–" if bar.ranks is None else bar.ranks
+        rows.append(
+            (
+                bar.label,
+                bar.plan or "–",
+                ranks,
+                bar.source,
+                *cells,
+                format_bytes(bar.height),
+                *peaks,
+            )
+        )
     budget = (
-        f"Device budget: {format_bytes(data.budget_bytes)}."
+        f"Device budget: {format_given_bytes(data.budget_bytes)}."
         if data.budget_bytes
         else "No device budget known."
     )
@@ -137,8 +150,11 @@ def _memory_section(data: ReportData, figures: dict[str, tuple[str, bytes]]) -> 
     if "memory" in figures:
         out.append(_img("memory", figures))
     explain = (
-        "Bars add up each category at its full size (not all are live at the same moment; "
-        "other = buffers, autocast weight copies, temporaries); the peak is what the budget is judged on."
+        "Each bar is what was live at the moment its plan peaks, by category, so it ends at "
+        "that peak: the measured peak when the plan ran, else the predicted one. A measured "
+        "profile splits its own peak; other bars split theirs with the estimator's categories "
+        "at the moment the plan peaks (other = buffers, autocast weight copies, temporaries "
+        "and the rest of the peak). The budget is judged on the peak."
     )
     return [*out, f"<p>{_e(budget)} {_e(explain)}</p>", _table(head, rows)]
 
@@ -205,8 +221,19 @@ def _trial_section(data: ReportData, figures: dict[str, tuple[str, bytes]]) -> l
     rows = [_trial_row(t, t.number in front) for t in data.trials]
     head = ("trial", "plan", "outcome", "samples/s", "peak memory", "Pareto", "note")
     out = _figure_section("Trials", "trials", figures) or [_h2("Trials", "trials")]
-    budget = format_bytes(data.trial_budget_bytes) if data.trial_budget_bytes else "none given"
-    text = f"{len(data.trials)} trials: {line}. Budget the trials were judged against: {budget}."
+    budget = (
+        format_given_bytes(data.trial_budget_bytes) if data.trial_budget_bytes else "none given"
+    )
+    usable = data.trial_usable_bytes
+    kept = (
+        f"; usable part {format_bytes(usable)} (budget x (1 - {data.trial_margin:g})): plans "
+        "predicted above it were pruned"
+        if usable is not None
+        else ""
+    )
+    text = (
+        f"{len(data.trials)} trials: {line}. Budget the trials were judged against: {budget}{kept}."
+    )
     return [*out, f"<p>{_e(text)}</p>", _table(head, rows)]
 
 

@@ -200,7 +200,7 @@ def test_trials_are_drawn_against_the_budget_tune_used() -> None:
     assert data.budget_bytes == 160 * MiB
     assert data.trial_budget_bytes == tune.device_memory
     page = build_report(ReportInputs(suggestions=suggestions, tune=tune)).html
-    assert f"judged against: {format_bytes(tune.device_memory)}" in page
+    assert "judged against: 512 MiB (536.87 MB); usable part 460.80 MiB" in page  # x 0.9
     given = collect(ReportInputs(tune=tune, device_memory=64 * MiB))
     assert given.budget_bytes == given.trial_budget_bytes == 64 * MiB
 
