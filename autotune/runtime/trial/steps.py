@@ -159,6 +159,11 @@ class Steps:
                 break
         self.steps_s = time.perf_counter() - start
 
+    def done(self, measuring_s: float) -> bool:
+        """Whether the measured steps so far are enough (the rule :meth:`run` follows);
+        ``measuring_s``: seconds since the first measured step began."""
+        return self._enough(measuring_s)
+
     def _enough(self, measuring_s: float) -> bool:
         """Fixed count without a width; else until the median is known or a cap is hit."""
         settings, count = self.spec.settings, len(self.times)
