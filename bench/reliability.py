@@ -1,6 +1,6 @@
 """Reliability of `autotune tune` under injected faults: what each leaves behind, what the study keeps.
 
-Usage: OMP_NUM_THREADS=1 python bench/reliability.py [--only NAME ...]
+Usage: OMP_NUM_THREADS=1 python bench/reliability.py [--only NAME ...] [--waits]
 
 Each fault runs a real `autotune tune` (tiny model, 1-step trials, one saved profile) in a
 fresh folder with its own $TMPDIR and sqlite study, and fires once:
@@ -18,6 +18,12 @@ RUNNING and never decided afterwards); trials duplicated (a plan measured twice)
 whether every plan started was decided (measured, or pruned with a reason) exactly once
 and a recommendation written.
 Prints a markdown table for bench/RESULTS.md.
+
+``--waits`` runs the second table instead: waits that must end, each with its time to end and
+what stderr said (a pipe, not a terminal): a stale DeepSpeed build lock at start (in a copy
+of the built extensions folder, never the shared one); SIGKILL of tune during DeepSpeed's
+first build, then the same command; another process holding this host's CPU lock for 20 s;
+a model that hangs in every trial rank; a resume after the model file changed.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +73,8 @@ def build_model():
     if FAULT in ("hang", "kill-tune", "sigint") and _fire():
         time.sleep(600)
     if FAULT == "kill-rank" and _fire(rank="1"):
+        time.sleep(600)
+    if FAULT == "hang-ranks" and "RANK" in os.environ:  # every trial rank, not tune's profile
         time.sleep(600)
     if FAULT == "oom" and _fire():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
@@ -216,10 +225,123 @@ def run_fault(fault: Fault, root: Path, profile: Path) -> dict[str, object]:
             "recorded": "; ".join(study["recorded"]) or "–", "ok": "yes" if whole else "no"}  # fmt: skip
 
 
+WAITS = {
+    "stale-lock": "a stale `deepspeed_shm_comm/lock` in TORCH_EXTENSIONS_DIR at start (2 ranks)",
+    "kill-build": "SIGKILL to `autotune tune` during DeepSpeed's first build; then the same command",
+    "host-lock": "another process holds this host's CPU lock for 20 s",
+    "hang-ranks": "build_model hangs in every trial rank (--trial-timeout 20)",
+    "changed-model": "the model file changed, then the same command (resume)",
+}
+HOLD = """
+import sys, time
+from autotune.search import device_units, host_lock
+with host_lock(device_units("cpu")):
+    time.sleep(float(sys.argv[1]))
+"""
+
+
+def _wait_run(folder: Path, profile: Path, name: str, env: dict[str, str],
+              kill_at: str | None = None) -> dict[str, object]:  # fmt: skip
+    """One tune run; its exit, seconds to end, survivors, stderr's lines; SIGKILL once
+    stderr shows ``kill_at``."""
+    fault = Fault(name, "", nproc=2 if name == "stale-lock" else 1, trials=2,
+                  timeout_s=20 if name == "hang-ranks" else 90)  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.Popen(_command(folder, profile, fault), env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    watch, lines = Watch(proc.pid), []
+    assert proc.stderr is not None
+    for line in iter(proc.stderr.readline, ""):
+        watch.poll()
+        lines.append(line.strip())
+        if kill_at is not None and kill_at in line:
+            lock = Path(env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "lock"
+            while not lock.exists():  # the builder holds torch's lock from here on
+                time.sleep(0.05)
+            watch.poll()
+            proc.kill()
+            break
+    proc.wait()
+    seconds = time.monotonic() - start
+    time.sleep(2.0)
+    return {"exit": proc.returncode, "s": seconds, "left": len(watch.alive()),
+            "said": [x for x in lines if x.startswith("autotune:")]}  # fmt: skip
+
+
+def run_wait(name: str, root: Path, profile: Path, built: Path) -> dict[str, object]:
+    folder = root / name
+    (folder / "tmp").mkdir(parents=True)
+    model = MODEL
+    (folder / "model.py").write_text(model)
+    extensions = folder / "extensions"
+    if name == "kill-build":
+        extensions.mkdir()
+    else:
+        shutil.copytree(built, extensions, ignore=shutil.ignore_patterns("lock", ".autotune-*"))
+    if name == "stale-lock":
+        (extensions / "deepspeed_shm_comm" / "lock").touch()
+    env = {**_env(folder, Fault(name, ""), armed=False), "FAULT": name,
+           "TORCH_EXTENSIONS_DIR": str(extensions)}  # fmt: skip
+    holder = None
+    if name == "host-lock":
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, "20"], env=env)
+        time.sleep(1.0)
+    if name == "changed-model":
+        first = _wait_run(folder, profile, name, env)
+        (folder / "model.py").write_text(model.replace("nn.Linear(64, 1)", "nn.Linear(64, 2)"))
+        assert first["exit"] == 0, first
+    run = _wait_run(folder, profile, name, env,
+                    kill_at="building DeepSpeed's comm op" if name == "kill-build" else None)  # fmt: skip
+    if holder is not None:
+        holder.wait()
+    then = "–"
+    if name == "kill-build":
+        again = _wait_run(folder, profile, name, env)
+        run["left"] = int(str(run["left"])) + int(str(again["left"]))
+        then = f"{again['exit']} in {again['s']:.0f} s"
+        run["said"] = [*run["said"], *again["said"]]  # type: ignore[misc]
+    said = [x for x in run["said"] if "lock" in x or "group" in x or "study" in x]  # type: ignore[attr-defined]
+    lost = _study(folder)["lost"] if (folder / "study.db").exists() else 0
+    return {"fault": name, "how": WAITS[name], "exit": run["exit"], "then": then,
+            "s": f"{run['s']:.0f}", "left": run["left"], "lost": lost,
+            "said": " / ".join(dict.fromkeys(x.replace("|", "/") for x in said)) or "–"}  # fmt: skip
+
+
+def main_waits(names: list[str] | None) -> None:
+    """The waits table (``--waits``)."""
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="autotune-reliability-") as tmp:
+        root = Path(tmp)
+        (root / "model.py").write_text(MODEL)
+        profile = root / "profile.json"
+        subprocess.run([AUTOTUNE, "profile", str(root / "model.py"), "-b", "2", "--steps", "1",
+                        "--warmup", "1", "--device", "cpu", "--out", str(profile)],
+                       check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        built = root / "built"  # a private copy of the built op: the shared folder is left alone
+        shared = Path(os.environ.get("TORCH_EXTENSIONS_DIR",
+                                     "~/.cache/autotune-torch-extensions")).expanduser()  # fmt: skip
+        shutil.copytree(shared, built, ignore=shutil.ignore_patterns("lock", ".autotune-*"))
+        rows = []
+        for name in [n for n in WAITS if names is None or n in names]:
+            sys.stderr.write(f"{name} ...\n")
+            rows.append(run_wait(name, root, profile, built))
+    print("| fault | injected | exit | then the same command | seconds to end | processes left "
+          "after 2 s | trials lost | what stderr said (a pipe) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['fault']} | {r['how']} | {r['exit']} | {r['then']} | {r['s']} | {r['left']} "
+              f"| {r['lost']} | {r['said']} |")  # fmt: skip
+    print(f"\n{len(rows)} waits in {time.monotonic() - start:.0f} s.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", default=None, help="fault names to run")
+    parser.add_argument("--waits", action="store_true", help="the waits table instead")
     args = parser.parse_args()
+    if args.waits:
+        main_waits(args.only)
+        return
     faults = [f for f in FAULTS if args.only is None or f.name in args.only]
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autotune-reliability-") as tmp:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from autotune.records import Plan, write_record
+from autotune.records import AutotuneError, Plan, write_record
 from autotune.search._records import RunReport, TrialSettings, WorkerSpec
 from autotune.search._runner import (
     SubprocessRunner,
@@ -29,6 +29,11 @@ from autotune.search._runner import (
     kill_group,
     read_result,
 )
+from autotune.search._waits import NOTICE_AFTER_S, say
+
+STARTS_BEFORE_GIVING_UP = 2
+"""Fresh groups of one rank count that may time out before any step, while none of that
+rank count ever made one, before the tune stops: its ranks never get through start-up."""
 
 POLL_S = 0.02
 STOP_GRACE_S = 5.0
@@ -63,7 +68,10 @@ class _Group:
         return self.proc.poll() is None
 
     def submit(self, spec: WorkerSpec, timeout_s: float, requested_at: float) -> RunReport:
-        """Hand one spec to every rank; wait for its result, the group's death or the timeout."""
+        """Hand one spec to every rank; wait for its result, the group's death or the timeout.
+
+        A group's first request that takes more than a few seconds says so on stderr.
+        """
         index, self.index = self.index, self.index + 1
         log_path = self.folder / "stderr.txt"
         offset = log_path.stat().st_size
@@ -72,7 +80,12 @@ class _Group:
         start = time.monotonic()
         returncode: int | None = None
         timed_out = False
+        notice_at = start + NOTICE_AFTER_S if index == 0 else float("inf")
         while True:
+            if time.monotonic() > notice_at:
+                notice_at = float("inf")
+                say(f"starting a worker group of {self.key[0]} rank(s) on {self.key[1]} "
+                    f"(log {log_path}; gives up after {timeout_s:.0f} s, --trial-timeout)")  # fmt: skip
             if done_path(self.folder, index).exists():
                 returncode = 0
                 break
@@ -106,6 +119,14 @@ class _Group:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _stuck_message(plan: Plan, settings: TrialSettings, report: RunReport, stage: str) -> str:
+    lines = [line.strip() for line in report.stderr_tail.splitlines() if line.strip()]
+    last = f"; its last output: {lines[-1][:200]}" if lines else "; it printed nothing"
+    return (f"a worker group of {plan.world_size} rank(s) on {settings.device} did not reach "
+            f"{stage} within --trial-timeout {settings.timeout_s:.0f} s (a model import, "
+            f"rendezvous or build lock that hangs?){last}")  # fmt: skip
+
+
 def _log_tail(path: Path, offset: int, chars: int = 4000) -> str:
     try:
         with path.open("rb") as handle:
@@ -129,6 +150,8 @@ class PoolRunner(SubprocessRunner):
         self.worker = self.entry_points.server
         self.idle_s = idle_s
         self._groups: dict[tuple[int, str], _Group] = {}
+        self._started: set[tuple[int, str]] = set()  # rank counts that made a step
+        self._stuck: dict[tuple[int, str], int] = {}  # fresh groups timed out before a step
         atexit.register(self.close)
 
     def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
@@ -139,6 +162,7 @@ class PoolRunner(SubprocessRunner):
             report = self._submit(plan, settings, warmup_only=False)
             if not (fresh and _failed_to_start(report)) or attempt > self.retries:
                 break
+        self._check_start(plan, settings, report, fresh)
         duration = time.monotonic() - start
         return report.model_copy(update={"launches": attempt, "duration_s": duration})
 
@@ -147,8 +171,25 @@ class PoolRunner(SubprocessRunner):
         start = time.monotonic()
         shapes = {self._key(p, settings): p for p in plans}
         for plan in shapes.values():
-            self._submit(plan, settings, warmup_only=True)
+            report = self._submit(plan, settings, warmup_only=True)
+            if report.timed_out:
+                raise AutotuneError(_stuck_message(plan, settings, report, "its start-up"))
         return time.monotonic() - start
+
+    def _check_start(self, plan: Plan, settings: TrialSettings, report: RunReport,
+                     fresh: bool) -> None:  # fmt: skip
+        """Stop the tune when fresh groups of a rank count keep timing out before any step
+        and none of that rank count ever made one (a model import or rendezvous that hangs)."""
+        key = self._key(plan, settings)
+        if report.result is not None and report.result.completed_steps > 0:
+            self._started.add(key)
+            self._stuck.pop(key, None)
+            return
+        if not (fresh and report.timed_out) or key in self._started:
+            return
+        self._stuck[key] = self._stuck.get(key, 0) + 1
+        if self._stuck[key] >= STARTS_BEFORE_GIVING_UP:
+            raise AutotuneError(_stuck_message(plan, settings, report, "its first step"))
 
     def live_groups(self) -> dict[tuple[int, str], int]:
         """The launcher pid of each live group, by (ranks, device)."""

@@ -19,10 +19,14 @@ from autotune.search._space import SearchSpace
 from autotune.search._storage_errors import (
     check_sqlite_path,
     lost_a_race,
+    redact,
     storage_error,
 )
 
 DEFAULT_STORAGE = "autotune-tune.db"
+STORAGE_ENV = "AUTOTUNE_STORAGE"
+"""The storage used when ``--storage`` is not given: a database URL with a password stays
+out of the command line (and the shell history, and ``ps``)."""
 HEARTBEAT_S = 10
 """Seconds between a running trial's heartbeats; a trial silent for 3 of them is lost."""
 RETRY_OF = "retry_of"
@@ -33,12 +37,20 @@ _POSTGRES = ("postgresql://", "postgres://")
 
 
 def storage_url(storage: str | None) -> str:
-    """An Optuna RDB URL: a URL is kept, a plain path becomes a sqlite file.
+    """An Optuna RDB URL: a URL is kept, a plain path becomes a sqlite file; ``None`` is
+    ``$AUTOTUNE_STORAGE``, else :data:`DEFAULT_STORAGE`. It may hold a password: show
+    :func:`shown_storage` instead. A masked URL (``***``) of the storage in
+    ``$AUTOTUNE_STORAGE`` is that storage, password included.
 
     ``postgresql://`` (SQLAlchemy's psycopg2 default) becomes ``postgresql+psycopg://``
     where only psycopg 3 (the ``postgres`` extra) is installed.
     """
-    value = storage or DEFAULT_STORAGE
+    value = storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+    env = os.environ.get(STORAGE_ENV)
+    if "***" in value and env and "***" not in env and redact(storage_url(env)) == value:
+        # A record shows its storage masked: ``autotune report`` opens it with the password
+        # of $AUTOTUNE_STORAGE when that is the same storage.
+        return storage_url(env)
     if value.startswith(_POSTGRES):
         import importlib.util
 
@@ -48,6 +60,12 @@ def storage_url(storage: str | None) -> str:
     if "://" in value:
         return value
     return f"sqlite:///{Path(value).expanduser().resolve()}"
+
+
+def shown_storage(storage: str | None) -> str:
+    """The storage's URL as printed and written (records, tables, reports): any password is
+    ``***``."""
+    return redact(storage_url(storage))
 
 
 def check_storage(storage: str | None) -> str:

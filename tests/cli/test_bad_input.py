@@ -58,6 +58,7 @@ def _inputs(folder: Path) -> None:
         json.dumps({"schema_version": 5, "recommendation": rec})
     )
     (folder / "base_list.json").write_text("[1, 2]")
+    _study_of_another_model(folder / "other_model.db")
     (folder / "base_conflict.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
     (folder / "base_unknown.json").write_text(json.dumps({"train_batch_sise": 8}))
     (folder / "bad.toml").write_text("[[rule]\nid = ")
@@ -186,6 +187,8 @@ ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("tune-storage-dialect", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--storage", "nosuchdb://x/y"), "--storage nosuchdb://x/y: cannot open the study"),
     ("tune-storage-postgres-driver", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--storage", "postgresql://me:secret@localhost/db"), "--storage postgresql://me:***@localhost/db: the PostgreSQL driver (psycopg) is not installed: pip install 'autotune-advisor[postgres]'"),
     ("tune-storage-psycopg2", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--storage", "postgresql+psycopg2://me@localhost/db"), "the PostgreSQL driver 'psycopg2' is not installed"),
+    ("tune-study-of-another-model", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--storage", "other_model.db"), "--study model-g4-n1: its trials measured something else (the model file's content 000000000000 -> "),
+    ("tune-storage-password-kept-out", ("tune", "model.py", "--global-batch", "4", "--device", "cpu", "--profile", "profile.json", "--storage", "postgresql+psycopg2://me:pw-s3cret@localhost/db"), "--storage postgresql+psycopg2://me:***@localhost/db: the PostgreSQL driver 'psycopg2' is not installed"),
     # the order of checks: a model that raises on import is never reached
     ("tune-storage-before-profiling", ("tune", "boom.py", "--global-batch", "4", "--storage", "nodir/t.db"), "--storage sqlite:///"),
     ("tune-baseline-before-profiling", ("tune", "boom.py", "--global-batch", "4", "--baseline", "mb=3"), "--baseline: global batch 3 != --global-batch 4"),
@@ -224,6 +227,17 @@ ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("report-recommendation-future", ("report", "--recommendation", "rec_future.json", "--out", "r.html"), "rec_future.json: recommendation has schema_version 7"),
 ]
 # fmt: on
+
+
+def _study_of_another_model(path: Path) -> None:
+    """A study named as ``tune model.py --global-batch 4`` names its own, whose trials
+    measured another model file."""
+    import optuna
+
+    from autotune.search._identity import IDENTITY_KEY
+
+    study = optuna.create_study(storage=f"sqlite:///{path}", study_name="model-g4-n1")
+    study.set_user_attr(IDENTITY_KEY, {"model_sha256": "0" * 64})
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, bytes]]:
