@@ -8,6 +8,7 @@ Runtime modules are imported inside the functions, so ``autotune config`` and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -16,30 +17,33 @@ from typing import Any
 
 from autotune.confirm import ConfirmRecord, confirm_changes
 from autotune.emit import Config, code_changes_for, emit_deepspeed_config
-from autotune.estimator import DEFAULT_MARGIN, estimate_plan, facts_from_profile, fit_step_time
+from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
 from autotune.policy import load_policy, policy_plan
 from autotune.records import (
     AutotuneError,
     Capabilities,
+    Machine,
     Plan,
     ProfileRecord,
     Recommendation,
+    TuneOptions,
     format_bytes,
+    parse_bytes,
     read_record,
 )
 from autotune.search import (
-    JOIN_TIMEOUT_S,
     AgentRunner,
     PoolRunner,
     Predict,
     Prediction,
     Progress,
     TrialRunner,
-    TrialSettings,
     TuneRecord,
+    check_identity,
     open_study,
     parse_endpoint,
     serve,
+    trial_settings,
     tune,
 )
 
@@ -75,32 +79,26 @@ def time_profile(
 
 
 def make_predict(
-    profile: ProfileRecord,
-    device_memory: int | None,
-    inter_gbps: float | None = None,
-    refine: list[ProfileRecord] | None = None,
-    margin: float = DEFAULT_MARGIN,
+    profile: ProfileRecord, machine: Machine, refine: list[ProfileRecord] | None = None
 ) -> Predict:
     """The estimate as a ``plan -> Prediction`` function (pure once the facts are read).
 
-    ``inter_gbps``: the link between nodes, which the estimate's communication time uses
-    for plans over several nodes. ``refine``: more profiles of the same model (another
+    ``machine``: the budget and margin a plan must fit in (:attr:`Machine.usable`) and the
+    links the communication time uses. ``refine``: more profiles of the same model (another
     batch size, or checkpointing switched) that the step-time model is fitted to
-    (:func:`fit_step_time`). ``margin``: the share of ``device_memory`` kept free; a plan
-    fits when its predicted peak is at most the rest.
+    (:func:`fit_step_time`).
     """
     facts = facts_from_profile(profile)
     for other in refine or []:
         facts = fit_step_time(facts, other)
 
     def predict(plan: Plan) -> Prediction:
-        estimate = estimate_plan(
-            facts, plan, device_memory=device_memory, inter_gbps=inter_gbps, margin=margin
-        )
+        estimate = estimate_plan(facts, plan, machine=machine)
         peak, ratio = estimate.memory.peak, estimate.predicted_step_time_ratio
         if estimate.fits is not False:
             return Prediction(True, peak, estimate.source, step_time_ratio=ratio)
-        reason = f"peak {format_bytes(peak)} > usable part of {format_bytes(device_memory)} ({estimate.source})"
+        reason = (f"peak {format_bytes(peak)} > usable part of "
+                  f"{format_bytes(machine.device_memory)} ({estimate.source})")  # fmt: skip
         return Prediction(False, peak, estimate.source, reason, step_time_ratio=ratio)
 
     return predict
@@ -113,165 +111,167 @@ def default_guard(nproc: int) -> int:
     return int(psutil.virtual_memory().available * GUARD_SHARE / nproc)
 
 
-def check_tune_options(
-    model_path: str | None,
-    global_batch: int,
-    nproc: int,
-    nodes: int,
-    rdzv_endpoint: str | None,
-    *,
-    baseline: Plan | None = None,
-    policy_path: str | None = None,
-) -> None:
-    """Every check of ``autotune tune``'s options that needs no work: one line each.
+_ALIASES = {"nproc": "gpus_per_node", "nproc_per_node": "gpus_per_node", "nnodes": "nodes"}
 
-    ``model_path=None``: a Hugging Face entry, checked by its loader; ``rdzv_endpoint=""``:
-    the caller brings its own runner.
+
+def tune_records(
+    options: TuneOptions | None, machine: Machine | None, fields: Mapping[str, Any]
+) -> tuple[TuneOptions, Machine]:
+    """The run's two records: those given, or built from keyword ``fields`` named as their
+    fields (``nproc`` for ``gpus_per_node``, ``nnodes`` for ``nodes``).
 
     Raises:
-        AutotuneError: one line naming the model file or the flag.
+        AutotuneError: a keyword neither record has, or one given beside its record.
+    """
+    names = {"options": {f.name for f in dataclasses.fields(TuneOptions)},
+             "machine": {f.name for f in dataclasses.fields(Machine)}}  # fmt: skip
+    given: dict[str, dict[str, Any]] = {"options": {}, "machine": {}}
+    for key, value in fields.items():
+        name = _ALIASES.get(key, key)
+        owner = next((kind for kind, known in names.items() if name in known), None)
+        if owner is None:
+            raise AutotuneError(
+                f"tune: unknown option {key!r} (not a field of TuneOptions or Machine)"
+            )
+        if name == "device_memory" and isinstance(value, str):
+            value = parse_bytes(value, "device_memory")
+        given[owner][name] = value
+    if options is not None and given["options"]:
+        raise AutotuneError(f"tune: {', '.join(given['options'])} given beside options=")
+    if machine is not None and given["machine"]:
+        raise AutotuneError(f"tune: {', '.join(given['machine'])} given beside machine=")
+    return (options or TuneOptions(**given["options"]),
+            machine or Machine(**given["machine"]))  # fmt: skip
+
+
+def check_model_path(model_path: str | None) -> None:
+    """Refuse a model file that is missing or a directory (``None``: a Hugging Face entry,
+    checked by its loader).
+
+    Raises:
+        AutotuneError: one line naming the path.
     """
     if model_path is not None and Path(model_path).is_dir():
         raise AutotuneError(f"{model_path}: is a directory, not a model file")
     if model_path is not None and not Path(model_path).is_file():
         raise AutotuneError(f"{model_path}: no such model file")
-    for flag, value in (("--global-batch", global_batch), ("--nproc", nproc), ("--nnodes", nodes)):
-        if value < 1:
-            raise AutotuneError(f"{flag}: must be >= 1 (got {value})")
-    if global_batch % (nproc * nodes):
-        ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes != 1 else "")
-        raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
-    if nodes > 1 and rdzv_endpoint is None:
-        raise AutotuneError(f"--nnodes {nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes")
-    if nodes > 1 and rdzv_endpoint:
-        parse_endpoint(rdzv_endpoint)
-    if baseline is not None and baseline.global_batch != global_batch:
+
+
+def check_tune(options: TuneOptions, machine: Machine, model_path: str | None = None, *,
+               launches: bool = True) -> None:  # fmt: skip
+    """Every check of a tune run that needs no work: the model path, the options against the
+    machine, the rendezvous endpoint (when this run ``launches`` the trials, not a runner
+    given) and the policy file. One line each.
+
+    Raises:
+        AutotuneError: one line naming the model file or the flag.
+    """
+    check_model_path(model_path)
+    options.check_machine(machine)
+    if launches and machine.nodes > 1 and options.rdzv_endpoint is None:
         raise AutotuneError(
-            f"--baseline: global batch {baseline.global_batch} != --global-batch {global_batch}"
+            f"--nnodes {machine.nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes"
         )
-    load_policy(policy_path)
+    if launches and machine.nodes > 1 and options.rdzv_endpoint:
+        parse_endpoint(options.rdzv_endpoint)
+    load_policy(options.policy_path)
 
 
 def tune_model(
     model_path: str | None = None,
     *,
-    global_batch: int,
-    nproc: int = 1,
-    device: str = "auto",
-    device_memory: int | None = None,
-    profile_path: str | None = None,
-    policy_path: str | None = None,
-    baseline: Plan | None = None,
-    steps: int = 3,
-    warmup: int = 1,
-    interval_width: float | None = 0.05,
-    max_steps: int = 20,
-    trial_timeout: float = 600.0,
+    options: TuneOptions | None = None,
+    machine: Machine | None = None,
     runner: TrialRunner | None = None,
     progress: Callable[[Progress], None] | None = None,
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
-    nodes: int = 1,
-    rdzv_endpoint: str | None = None,
-    join_timeout: float = JOIN_TIMEOUT_S,
-    inter_gbps: float | None = None,
-    margin: float = DEFAULT_MARGIN,
-    **options: Any,
+    **fields: Any,
 ) -> TuneRecord:
-    """Everything ``autotune tune`` does before and around :func:`tune`.
+    """Everything ``autotune tune`` does before and around :func:`autotune.search.tune`.
 
     Reads or takes two short profiles (two batch sizes, so the step-time model can rank
-    micro-batches), asks the policy for its plan and the estimate for every plan's fit
-    and speed, then searches with real trials: by default in a :class:`PoolRunner`, so
-    start-up is paid once per rank count. Each trial measures at least ``steps`` steps and
-    then until its median step time is known to ``interval_width`` (or ``max_steps``).
-    ``options`` go to :func:`tune` (trials, budget_s, storage, study_name, repeats, front,
-    heartbeat_s; the
-    study's name defaults to ``<model stem>-g<global batch>-n<nproc>``). Instead of
-    ``model_path``, ``hf_config`` or ``hf_model`` with ``seq_len`` name a Hugging
-    Face model (:func:`autotune.runtime.hf.model_source`). With ``nodes`` > 1 each
-    trial spans that many nodes: an ``autotune agent`` on every node launches its
-    ``nproc`` ranks, meeting at ``rdzv_endpoint`` (HOST:PORT). ``margin``: the share of
-    ``device_memory`` the estimate keeps free when it prunes plans that cannot fit.
+    micro-batches), resolves the machine's budget once (given, else the profiled GPU's,
+    else this CPU's available memory) and hands it whole to the policy, the estimate and
+    the search, which runs real trials: by default in a :class:`PoolRunner`, so start-up
+    is paid once per rank count.
+
+    Args:
+        model_path: the model file (or ``hf_config``/``hf_model`` with ``seq_len``).
+        options: what the run is asked (:class:`TuneOptions`); or give its fields as keywords.
+        machine: the target machine (:class:`Machine`); or give its fields as keywords
+            (``nproc`` for ``gpus_per_node``).
+        runner: launches trials (default: a pooled runner here; over several nodes, the
+            agents through the study).
+        progress: called after each trial.
+        hf_config: a transformers config instead of a model file (random init).
+        hf_model: weights to load with ``from_pretrained`` instead of a model file.
+        seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
+        **fields: fields of :class:`TuneOptions` and :class:`Machine`, when those are not given.
+
+    Example:
+        ``tune_model("model.py", global_batch=64, nproc=2, device_memory=parse_bytes("2GiB"))``
     """
     from autotune.runtime.hf import model_source
 
-    check_tune_options(None, global_batch, nproc, nodes, rdzv_endpoint if runner is None else "")
+    options, machine = tune_records(options, machine, fields)
+    check_tune(options, machine, launches=runner is None)
     with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len) as src:
-        if options.get("study_name") is None:
-            options["study_name"] = f"{src.stem}-g{global_batch}-n{nproc}"
-        return _tune_file(
-            str(src.path), src.label, global_batch=global_batch, nproc=nproc, device=device,
-            device_memory=device_memory, profile_path=profile_path, policy_path=policy_path,
-            baseline=baseline, steps=steps, warmup=warmup, interval_width=interval_width,
-            max_steps=max_steps, trial_timeout=trial_timeout,
-            runner=runner, progress=progress, nodes=nodes, rdzv_endpoint=rdzv_endpoint,
-            join_timeout=join_timeout, inter_gbps=inter_gbps, margin=margin, **options,
-        )  # fmt: skip
+        if options.study_name is None:
+            name = f"{src.stem}-g{options.global_batch}-n{machine.gpus_per_node}"
+            options = dataclasses.replace(options, study_name=name)
+        return _tune_file(str(src.path), src.label, options, machine, runner, progress)
 
 
 def _tune_file(
     model_path: str,
     label: str,
-    *,
-    global_batch: int,
-    nproc: int,
-    device: str,
-    device_memory: int | None,
-    profile_path: str | None,
-    policy_path: str | None,
-    baseline: Plan | None,
-    steps: int,
-    warmup: int,
-    interval_width: float | None,
-    max_steps: int,
-    trial_timeout: float,
+    options: TuneOptions,
+    machine: Machine,
     runner: TrialRunner | None,
     progress: Callable[[Progress], None] | None,
-    nodes: int,
-    rdzv_endpoint: str | None,
-    join_timeout: float,
-    inter_gbps: float | None,
-    margin: float,
-    **options: Any,
 ) -> TuneRecord:
-    check_tune_options(
-        model_path, global_batch, nproc, nodes, rdzv_endpoint if runner is None else "",
-        baseline=baseline, policy_path=policy_path,
-    )  # fmt: skip
-    world = nproc * nodes
-    if runner is None and nodes > 1:
-        assert rdzv_endpoint is not None
-        runner = AgentRunner(storage=options.get("storage"), study_name=options["study_name"],
-                             nnodes=nodes, nproc=nproc, rdzv_endpoint=rdzv_endpoint,
-                             join_timeout_s=join_timeout)  # fmt: skip
+    check_tune(options, machine, model_path, launches=runner is None)
+    assert options.study_name is not None
+    if runner is None and machine.nodes > 1:
+        assert options.rdzv_endpoint is not None
+        runner = AgentRunner(storage=options.storage, study_name=options.study_name,
+                             nnodes=machine.nodes, nproc=machine.gpus_per_node,
+                             rdzv_endpoint=options.rdzv_endpoint,
+                             join_timeout_s=options.join_timeout_s)  # fmt: skip
     # The storage is opened (and the study created) before any measurement, so a bad
     # --storage costs nothing; tune() opens it again, which is cheap.
-    saved = read_record(profile_path, ProfileRecord, "profile") if profile_path else None
-    open_study(options.get("storage"), options["study_name"])
-    per_rank = global_batch // world
-    record = saved or load_profile(model_path, None, per_rank, device)
-    second = time_profile(model_path, record, per_rank, device) if saved is None else None
-    if device_memory is None and record.environment.device_type == "cuda":
-        device_memory = record.environment.device_memory_bytes
+    saved = (
+        read_record(options.profile_path, ProfileRecord, "profile")
+        if options.profile_path
+        else None
+    )
+    study = open_study(options.storage, options.study_name)
+    from autotune.runtime.identity import measured_on
+
+    check_identity(study, measured_on(model_path, machine.device), options.study_name)
+    per_rank = options.global_batch // machine.world_size
+    record = saved or load_profile(model_path, None, per_rank, machine.device)
+    second = time_profile(model_path, record, per_rank, machine.device) if saved is None else None
+    machine = machine.with_default_budget(record)
     refine = [second] if second is not None else []
-    policy = policy_plan(record, device_memory=device_memory, world_size=world, gpus_per_node=nproc,
-                         inter_gbps=inter_gbps, global_batch=global_batch, policy_path=policy_path,
-                         more_profiles=refine)  # fmt: skip
+    policy = policy_plan(record, machine=machine, global_batch=options.global_batch,
+                         policy_path=options.policy_path, more_profiles=refine)  # fmt: skip
     policy, blocked = _loader_knobs(model_path, policy, record.config.batch_size)
     stack = record.model.block_stack
-    settings = TrialSettings(
-        model_file=str(Path(model_path).resolve()), steps=steps, warmup=warmup, device=device,
-        device_memory=device_memory, memory_guard=default_guard(nproc), timeout_s=trial_timeout,
-        interval_width=interval_width, max_steps=max(max_steps, steps),
-    )  # fmt: skip
+    settings = trial_settings(str(Path(model_path).resolve()), options, machine,
+                              default_guard(machine.gpus_per_node))  # fmt: skip
 
     def changes(plan: Plan) -> list[Any]:
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
-    predict = make_predict(record, device_memory, inter_gbps, refine, margin)
+    predict = make_predict(record, machine, refine)
+    if runner is None and machine.nodes == 1:  # DeepSpeed's comm op, built once with a deadline
+        from autotune.runtime.extensions import prepare_deepspeed
+
+        prepare_deepspeed(machine.device, settings.timeout_s)
     with contextlib.ExitStack() as owned:
         if runner is None:
             from autotune.runtime.trial.entry_points import ENTRY_POINTS
@@ -280,10 +280,9 @@ def _tune_file(
         elif isinstance(runner, AgentRunner):
             owned.callback(runner.close)
         tuned = tune(
-            label, global_batch=global_batch, settings=settings, runner=runner,
-            nproc=nproc, nodes=nodes, blocks=stack.count if stack else 0, policy=policy,
-            baseline=baseline, predict=predict, code_changes=changes, progress=progress,
-            **options,
+            label, options=options, machine=machine, settings=settings, runner=runner,
+            blocks=stack.count if stack else 0, policy=policy, predict=predict,
+            code_changes=changes, progress=progress,
         )  # fmt: skip
     if blocked is not None:
         tuned = tuned.model_copy(update={"notes": [blocked, *tuned.notes]})
@@ -322,14 +321,14 @@ def recommend(
     *,
     global_batch: int,
     world_size: int = 1,
-    device_memory: int | None = None,
     search: bool = False,
-    device: str = "auto",
-    gpus_per_node: int | None = None,
+    machine: Machine | None = None,
+    options: TuneOptions | None = None,
+    runner: TrialRunner | None = None,
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
-    **options: Any,
+    **fields: Any,
 ) -> Recommendation:
     """The whole loop from Python: profile, then the policy's plan or a tuning search.
 
@@ -342,21 +341,26 @@ def recommend(
         global_batch: samples per optimizer step over all ranks, kept by every plan.
         world_size: data-parallel ranks the plan is for (with ``search``, trials
             run this many processes here).
-        device_memory: bytes per device to plan for; ``None`` uses the profiled device's.
         search: ``False`` profiles once and takes the policy's plan; ``True`` runs
             real trials (``autotune tune``) and takes the measured best.
-        device: where to profile and run trials (``auto``, ``cpu``, ``cuda``).
-        gpus_per_node: devices per node, when ``world_size`` spans several nodes.
+        machine: the target machine; or its fields as keywords: ``device`` (where to
+            profile and run trials), ``device_memory`` (bytes, or a string such as
+            ``"80GiB"``; default: the profiled GPU's, or this CPU's available memory),
+            ``margin``, ``gpus_per_node`` (when ``world_size`` spans nodes), ``inter_gbps``.
+        options: with ``search``, what the search is asked (:class:`TuneOptions`); or its
+            fields as keywords (``trials``, ``budget_s``, ``steps``, ``storage``, ...).
+            Without ``search`` they would be ignored, so they are refused.
+        runner: with ``search``, launches the trials (default: a pooled runner here).
         hf_config: a transformers config (``config.json``, model directory or Hub
             name) to build with random init and feed synthetic token batches.
         hf_model: weights to load with ``from_pretrained`` (a local directory, or a
             Hub name), fed synthetic token batches.
         seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
-        **options: passed on to the search when ``search`` is true (``trials``,
-            ``budget_s``, ``steps``, ``storage``, ``runner``, ...).
+        **fields: fields of :class:`Machine` and (with ``search``) of :class:`TuneOptions`.
 
     Returns:
-        A :class:`Recommendation`; its ``deepspeed_config()`` is the config dict.
+        A :class:`Recommendation`; :func:`deepspeed_config` (or, for an ``engine=fsdp2``
+        plan, :func:`fsdp2_config`) turns it into a ready config.
 
     Raises:
         AutotuneError: bad arguments, a broken model file, or a search in which
@@ -366,21 +370,31 @@ def recommend(
         raise AutotuneError(
             f"recommend: global_batch {global_batch} must be a positive multiple of world_size {world_size}"
         )
+    per_node = fields.pop("gpus_per_node", None) or world_size
+    if machine is None:
+        if world_size % per_node:
+            raise AutotuneError(
+                f"recommend: gpus_per_node {per_node} does not divide world_size {world_size}"
+            )
+        fields.update(gpus_per_node=per_node, nodes=world_size // per_node)
+    tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
+    if not search and (options is not None or runner is not None or set(fields) & tune_fields):
+        ignored = sorted(set(fields) & tune_fields) + ["options"] * (options is not None) + [
+            "runner"] * (runner is not None)  # fmt: skip
+        raise AutotuneError(f"recommend: {', '.join(ignored)} apply to search=True only")
+    options, machine = tune_records(options, machine, {"global_batch": global_batch, **fields}
+                                    if options is None else fields)  # fmt: skip
     if not isinstance(model_file_or_callables, Mapping):
         from autotune.runtime.hf import model_source
 
         with model_source(model_file_or_callables, hf_config=hf_config, hf_model=hf_model,
                           seq_len=seq_len) as source:  # fmt: skip
-            rec = _recommend(source.path, search, global_batch=global_batch,
-                             world_size=world_size, device_memory=device_memory, device=device,
-                             gpus_per_node=gpus_per_node, **options)  # fmt: skip
+            rec = _recommend(source.path, search, options, machine, runner)
         return rec.model_copy(update={"model_file": source.label})
     with tempfile.TemporaryDirectory(prefix="autotune-hooks-") as directory:
         shim = Path(directory) / "hooks.py"
         shim.write_text(hooks_model_file(model_file_or_callables), encoding="utf-8")
-        rec = _recommend(shim, search, global_batch=global_batch, world_size=world_size,
-                         device_memory=device_memory, device=device, gpus_per_node=gpus_per_node,
-                         **options)  # fmt: skip
+        rec = _recommend(shim, search, options, machine, runner)
     names = ", ".join(
         f"{fn.__module__}.{fn.__qualname__}" for fn in model_file_or_callables.values()
     )
@@ -417,13 +431,11 @@ def hooks_model_file(hooks: Mapping[str, Callable[..., Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _recommend(model_file: Path, search: bool, **kwargs: Any) -> Recommendation:
+def _recommend(model_file: Path, search: bool, options: TuneOptions, machine: Machine,
+               runner: TrialRunner | None) -> Recommendation:  # fmt: skip
     if not search:
-        options = {key: kwargs[key] for key in ("global_batch", "world_size", "device_memory",
-                                                "device", "gpus_per_node")}  # fmt: skip
-        return _recommend_by_policy(model_file, **options)
-    kwargs.pop("gpus_per_node")
-    record = tune_model(str(model_file), nproc=kwargs.pop("world_size"), **kwargs)
+        return _recommend_by_policy(model_file, options.global_batch, machine)
+    record = tune_model(str(model_file), options=options, machine=machine, runner=runner)
     if record.recommendation is None:
         raise AutotuneError(
             f"recommend: no trial of {model_file} succeeded, so nothing to recommend"
@@ -432,16 +444,18 @@ def _recommend(model_file: Path, search: bool, **kwargs: Any) -> Recommendation:
 
 
 def _recommend_by_policy(
-    model_file: str | Path, *, global_batch: int, world_size: int, device_memory: int | None,
-    device: str, gpus_per_node: int | None,
-) -> Recommendation:  # fmt: skip
+    model_file: str | Path, global_batch: int, machine: Machine
+) -> Recommendation:
     from autotune.runtime.profiler import profile
 
     # A short profile at a small share of the per-rank batch, as `autotune tune` takes.
-    per_rank = global_batch // world_size
-    record = profile(model_file, batch_size=min(2, per_rank), steps=2, warmup=1, device=device)
-    plan = policy_plan(record, device_memory=device_memory, world_size=world_size,
-                       gpus_per_node=gpus_per_node, global_batch=global_batch)  # fmt: skip
+    per_rank = global_batch // machine.world_size
+    record = profile(
+        model_file, batch_size=min(2, per_rank), steps=2, warmup=1, device=machine.device
+    )
+    plan = policy_plan(
+        record, machine=machine.with_default_budget(record), global_batch=global_batch
+    )
     stack = record.model.block_stack
     return Recommendation(
         source="suggest",
@@ -498,12 +512,24 @@ def fsdp2_config(
     world_size: int | None = None,
     block_stack: str | None = None,
     layer_class: str | None = None,
+    num_blocks: int | None = None,
 ) -> dict[str, Any]:
     """The FSDP2 deliverable of an ``engine=fsdp2`` plan, as a JSON-ready dict.
 
-    Keys: ``plan``, ``code`` (``fully_shard`` per block, then the root), ``accelerate_config``
+    Keys: ``plan``, ``block_stack`` and ``block_stack_from_model``, ``code`` (checkpointing
+    of the plan's K blocks, ``fully_shard`` per block, then the root), ``accelerate_config``
     (``accelerate launch --config_file``), ``accelerate_code`` (the plugin with
     ``reduce_dtype=fp32``), ``hf_trainer`` (``TrainingArguments`` keywords), ``notes``.
+
+    Args:
+        plan_or_recommendation: an ``engine=fsdp2`` plan, or a recommendation of one.
+        world_size: processes in all; default the plan's gpus x nodes.
+        block_stack: Python for the model's blocks, e.g. ``"model.model.layers"``
+            (``emit.block_stack_expression`` of a profile's ``model.block_stack.path``);
+            ``None`` uses that default and says so in the code and the notes.
+        layer_class: the block class name, for Accelerate's and the Trainer's wrapping.
+        num_blocks: L; Accelerate's and the Trainer's checkpointing switch is set only
+            when the plan checkpoints all L blocks.
 
     Example:
         >>> from autotune import fsdp2_config
@@ -521,8 +547,9 @@ def fsdp2_config(
     deliverable = fsdp2_deliverable(
         plan,
         world_size=world_size,
-        block_stack=block_stack or "model.model.layers",
+        block_stack=block_stack,
         layer_class=layer_class,
+        num_blocks=num_blocks,
     )
     return asdict(deliverable)
 
@@ -532,7 +559,7 @@ def confirm(
     *,
     batch_size: int,
     profile: ProfileRecord | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     steps: int = 3,
     repeats: int = 5,
     warmup: int = 1,
@@ -542,7 +569,10 @@ def confirm(
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
-    **suggest_options: Any,
+    machine: Machine | None = None,
+    global_batch: int | None = None,
+    policy_path: str | Path | None = None,
+    **fields: Any,
 ) -> ConfirmRecord:
     """Profile a baseline, then measure each proposed change against what was kept so far.
 
@@ -550,7 +580,8 @@ def confirm(
         model_path: the user's model file (or ``hf_config``/``hf_model`` with ``seq_len``).
         batch_size: micro-batch of the baseline.
         profile: a saved baseline profile (default: profile the model now).
-        device: where the steps run (``cpu``, ``cuda``, ``cuda:1``).
+        device: where the steps run (``cpu``, ``cuda``, ``cuda:1``); default: the device the
+            profile ran on, or ``auto`` without a profile.
         steps: timed steps per arm in each repeat.
         repeats: interleaved A/B repeats (the interval comes from their spread).
         warmup: untimed steps per arm before the first repeat.
@@ -560,7 +591,11 @@ def confirm(
         hf_config: a transformers config instead of a model file (random init, token batches).
         hf_model: weights to load with ``from_pretrained`` instead of a model file.
         seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
-        **suggest_options: passed to :func:`autotune.policy.suggest` (device_memory, policy_path...).
+        machine: the target machine the policy plans for; or its fields as keywords
+            (``device_memory`` in bytes or as ``"80GiB"``, ``margin``, ...).
+        global_batch: the target global batch the policy keeps.
+        policy_path: a policy TOML file (default: the default policy).
+        **fields: fields of :class:`Machine`, when ``machine`` is not given.
     """
     from autotune.runtime.hf import model_source
 
@@ -571,18 +606,25 @@ def confirm(
             f"--batch-size {batch_size} differs from the profile's batch size "
             f"{profile.config.batch_size}"
         )
+    where = device or (profile.config.device if profile is not None else "auto")
+    if machine is None:
+        _, machine = tune_records(None, None, {"global_batch": 1, "device": where, **fields})
+    elif fields:
+        raise AutotuneError(f"confirm: {', '.join(fields)} given beside machine=")
     with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len) as src:
         return _confirm_file(
-            src.path, src.label, batch_size=batch_size, profile=profile, device=device,
+            src.path, src.label, batch_size=batch_size, profile=profile, device=where,
             steps=steps, repeats=repeats, warmup=warmup, loss_tolerance=loss_tolerance,
-            max_changes=max_changes, say=progress or (lambda line: None), **suggest_options,
+            max_changes=max_changes, say=progress or (lambda line: None), machine=machine,
+            global_batch=global_batch, policy_path=policy_path,
         )  # fmt: skip
 
 
 def _confirm_file(
     path: Path, label: str, *, batch_size: int, profile: ProfileRecord | None, device: str,
     steps: int, repeats: int, warmup: int, loss_tolerance: float, max_changes: int,
-    say: Callable[[str], None], **suggest_options: Any,
+    say: Callable[[str], None], machine: Machine, global_batch: int | None,
+    policy_path: str | Path | None,
 ) -> ConfirmRecord:  # fmt: skip
     from autotune.runtime.ab import measure
     from autotune.runtime.modelfile import load_model_file
@@ -590,7 +632,7 @@ def _confirm_file(
 
     model_file = load_model_file(path)
     if profile is None:
-        say(f"profiling the baseline at batch size {batch_size}")
+        say(f"profiling the baseline at batch size {batch_size} on {device}")
         profile = run_profile(
             path, batch_size=batch_size, steps=max(steps, 3), warmup=warmup,
             device=device, precision="fp32", checkpointing=False, label=label,
@@ -603,5 +645,6 @@ def _confirm_file(
     return confirm_changes(
         profile, measure_pair, model_file=label, device=device, repeats=repeats,
         steps=steps, loss_tolerance=loss_tolerance, max_changes=max_changes, progress=say,
-        **suggest_options,
+        machine=machine.with_default_budget(profile), global_batch=global_batch,
+        policy_path=policy_path,
     )  # fmt: skip

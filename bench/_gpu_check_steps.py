@@ -246,7 +246,8 @@ def _flops(results: Results) -> tuple[float | None, float | None]:
 
 def run_deepspeed_plans(run: Run, results: Results) -> None:
     """Each plan with DeepSpeed bf16 weights, through autotune's trial worker (plus reserved, NVML)."""
-    from autotune.search import SubprocessRunner, TrialSettings, classify_outcome, outcome_reason
+    from autotune.search import SubprocessRunner, TrialSettings
+    from autotune.search._outcome import classify_outcome, outcome_reason
 
     cfg = run.config
     for key in (k for k in run.plans() if k.precision == "bf16"):

@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api import load_profile, make_predict
+from autotune.records import Machine, TuneOptions
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search import SubprocessRunner, TrialSettings, classify_outcome, make_space, tune
+from autotune.search import SubprocessRunner, TrialSettings, tune
+from autotune.search._outcome import classify_outcome
+from autotune.search._space import make_space
 
 MIB = 2**20
 
@@ -73,7 +76,8 @@ def main() -> None:
     model = str(Path(args.model).resolve())
     profile = load_profile(model, None, args.global_batch, args.device)
     blocks = profile.model.block_stack.count if profile.model.block_stack else 0
-    predict = make_predict(profile, args.device_memory)
+    machine = Machine(device="cpu", device_memory=args.device_memory)
+    predict = make_predict(profile, machine)
     # The grid runs without the budget, so an over-budget plan is measured to the end.
     free = TrialSettings(model_file=model, steps=2, warmup=1, device=args.device, timeout_s=300)
     settings = free.model_copy(update={"device_memory": args.device_memory})
@@ -88,9 +92,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for share in (0.10, 0.25, 0.50):
             trials = max(1, round(share * len(plans)))
-            record = tune(model, global_batch=args.global_batch, settings=settings, runner=runner,
-                          blocks=blocks, predict=predict, trials=trials, repeats=0,
-                          storage=f"{tmp}/s{share}.db")  # fmt: skip
+            options = TuneOptions(global_batch=args.global_batch, trials=trials, repeats=0,
+                                  storage=f"{tmp}/s{share}.db")  # fmt: skip
+            record = tune(model, options=options, machine=machine, settings=settings,
+                          runner=runner, blocks=blocks, predict=predict)  # fmt: skip
             assert record.recommendation is not None
             ran = sum(1 for t in record.trials if t.outcome is not None)
             wasted = _wasted(record, args.device_memory)

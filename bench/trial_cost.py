@@ -22,7 +22,9 @@ from pathlib import Path
 
 from autotune.records import Plan, median_interval
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search import PoolRunner, RunReport, SubprocessRunner, TrialSettings, classify_outcome
+from autotune.search import PoolRunner, SubprocessRunner, TrialSettings
+from autotune.search._outcome import classify_outcome
+from autotune.search._records import RunReport
 
 
 def _ok(report: RunReport) -> bool:

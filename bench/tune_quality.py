@@ -25,7 +25,9 @@ from pathlib import Path
 from autotune.api import tune_model
 from autotune.records import Plan, parse_plan
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search import PoolRunner, TrialSettings, classify_outcome, make_space
+from autotune.search import PoolRunner, TrialSettings
+from autotune.search._outcome import classify_outcome
+from autotune.search._space import make_space
 
 
 def _load() -> str:

@@ -5,17 +5,19 @@ from __future__ import annotations
 from _profiles import hand_profile
 
 from autotune.api import make_predict
-from autotune.records import Plan
+from autotune.records import Machine, Plan
 
 
 def test_the_margin_decides_what_tune_prunes() -> None:
     profile, plan = hand_profile(), Plan(micro_batch=4)
-    peak = make_predict(profile, None)(plan).peak_bytes
+    peak = make_predict(profile, Machine())(plan).peak_bytes
     budget = int(peak / 0.95)  # the predicted peak is 95 % of the budget
-    assert make_predict(profile, budget, margin=0.0)(plan).fits
-    assert make_predict(profile, budget, margin=0.04)(plan).fits
-    assert not make_predict(profile, budget, margin=0.06)(plan).fits
-    default = make_predict(profile, budget)(plan)  # 10 %, as `autotune tune` without --margin
+    assert make_predict(profile, Machine(device_memory=budget, margin=0.0))(plan).fits
+    assert make_predict(profile, Machine(device_memory=budget, margin=0.04))(plan).fits
+    assert not make_predict(profile, Machine(device_memory=budget, margin=0.06))(plan).fits
+    default = make_predict(profile, Machine(device_memory=budget))(
+        plan
+    )  # 10 %, as `autotune tune` without --margin
     assert not default.fits and "usable part" in (default.reason or "")
     # The margin moves the line, never the peak.
-    assert make_predict(profile, budget, margin=0.0)(plan).peak_bytes == peak
+    assert make_predict(profile, Machine(device_memory=budget, margin=0.0))(plan).peak_bytes == peak

@@ -200,11 +200,12 @@ def above(low: float) -> Any:
     return check
 
 
-def device_name(value: str) -> str:
-    """An option callback: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``, checked before torch loads."""
+def device_name(value: str | None) -> str | None:
+    """An option callback: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``, checked before torch loads
+    (``None`` passes: not given)."""
     import re
 
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+    if value is not None and not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
         raise typer.BadParameter(f"must be auto, cpu, cuda or cuda:N (got {value!r})")
     return value
 
@@ -219,6 +220,20 @@ def check_output(path: Path, flag: str) -> None:
     if path.is_dir():
         raise AutotuneError(f"{flag} {path}: is a directory (give a file name)")
     check_directory(path.parent if str(path.parent) else Path("."), f"{flag} {path}")
+
+
+def check_out_dir(directory: Path, what: str) -> None:
+    """Refuse an output directory that could not be written, before any work: one that exists
+    must take a new file; a missing one (created when the outputs are written, as training
+    tools do) must have a writable nearest existing parent."""
+    if directory.exists() and not directory.is_dir():
+        raise AutotuneError(f"{what}: {directory} exists and is not a directory")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise AutotuneError(f"{what}: {existing} is not a directory")
+    check_directory(existing, what)
 
 
 def check_directory(directory: Path, what: str) -> None:

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import typer
 
-from autotune.cli import _source
+from autotune.cli import _options, _source
 from autotune.cli._common import (
     check_output,
     console,
-    device_name,
     err_console,
     print_json,
     user_errors,
@@ -30,9 +29,7 @@ def confirm_command(
     profile: Path | None = typer.Option(
         None, "--profile", help="Reuse a saved baseline profile instead of profiling now."
     ),
-    device: str = typer.Option(
-        "cpu", "--device", callback=device_name, help="cpu, cuda or cuda:N."
-    ),
+    device: str | None = _options.DEVICE,
     steps: int = typer.Option(3, "--steps", min=1, help="Timed steps per arm in each repeat."),
     repeats: int = typer.Option(
         5, "--repeats", min=1, help="Interleaved A/B repeats (the interval's sample)."
@@ -44,9 +41,8 @@ def confirm_command(
     max_changes: int = typer.Option(
         8, "--max-changes", min=1, help="Most changes tried in one session."
     ),
-    device_memory: str | None = typer.Option(
-        None, "--device-memory", help="Per-device budget, e.g. 16GB."
-    ),
+    device_memory: str | None = _options.DEVICE_MEMORY,
+    margin: float = _options.MARGIN,
     global_batch: int | None = typer.Option(
         None, "--global-batch", min=1, help="Target samples per step."
     ),
@@ -54,7 +50,7 @@ def confirm_command(
     output: Path = typer.Option(
         Path("autotune-confirm.json"), "--output", "-o", help="Where the session log is written."
     ),
-    json_output: bool = typer.Option(False, "--json", help="Print the session log as JSON only."),
+    json_output: bool = _options.JSON,
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
     seq_len: int | None = _source.SEQ_LEN,
@@ -65,7 +61,6 @@ def confirm_command(
         from autotune.records import (
             AutotuneError,
             ProfileRecord,
-            parse_bytes,
             read_record,
             write_record,
         )
@@ -84,7 +79,7 @@ def confirm_command(
             loss_tolerance=loss_tolerance,
             max_changes=max_changes,
             progress=lambda line: err_console.print(line, markup=False),
-            device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
+            machine=_options.machine(device=device, device_memory=device_memory, margin=margin),
             global_batch=global_batch,
             policy_path=policy,
             hf_config=hf_config,

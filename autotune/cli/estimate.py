@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from autotune.cli import _options
 from autotune.cli._common import (
     PrecisionChoice,
     Switch,
@@ -18,12 +19,12 @@ from autotune.cli._common import (
     print_table,
     user_errors,
 )
-from autotune.records import AutotuneError, format_bytes, format_count, parse_bytes, parse_count
+from autotune.records import AutotuneError, format_bytes, format_count, parse_count
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from autotune.estimator import ClaimCheck, EstimateRecord, ModelFacts
+    from autotune.estimator import ClaimCheck, EstimateRecord, ModelFacts, PlanEstimate
     from autotune.records import Plan, ProfileRecord
 
 
@@ -52,28 +53,25 @@ def estimate_command(
     checkpointing: Switch | None = typer.Option(
         None, "--checkpointing", help="As autotune profile."
     ),
-    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Devices on one node."),
-    gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", min=1, help="Devices per node (with --nodes)."
-    ),
-    nodes: int | None = typer.Option(None, "--nodes", min=1, help="Nodes (default 1)."),
-    device_memory: str | None = typer.Option(
-        None, "--device-memory", help="Per device, e.g. 80GB."
-    ),
-    margin: float = typer.Option(
-        0.10, "--margin", min=0.0, max=0.9, help="Share of memory kept free."
-    ),
+    nproc_per_node: int = _options.NPROC_PER_NODE,
+    nnodes: int = _options.NNODES,
+    device_memory: str | None = _options.DEVICE_MEMORY,
+    margin: float = _options.MARGIN,
     intra_gbps: float | None = typer.Option(
         None, "--intra-gbps", callback=above(0), help="Gbit/s in a node."
     ),
-    inter_gbps: float | None = typer.Option(
-        None, "--inter-gbps", callback=above(0), help="Gbit/s between nodes."
-    ),
+    inter_gbps: float | None = _options.INTER_GBPS,
     plan: list[str] = typer.Option(
         [], "--plan", help="Knobs, e.g. stage=2,mb=4,ckpt=12 (repeatable)."
     ),
     all_plans: bool = typer.Option(
-        False, "--all-plans", help="A grid of precision x stage x ckpt x mb."
+        False,
+        "--all-plans",
+        help="A grid of precision x stage x ckpt x mb, best first: the plans that fit by "
+        "predicted throughput, then the rest.",
+    ),
+    top: int | None = typer.Option(
+        None, "--top", min=1, help="Show only the first N rows of the table (the JSON keeps all)."
     ),
     train_tokens: str | None = typer.Option(
         None, "--train-tokens", help="Token budget, e.g. 300B."
@@ -90,7 +88,10 @@ def estimate_command(
         help='A table row to check, e.g. "stage=3,world_size=8,memory=3GB" or '
         '"ckpt=all,tokens_per_s=2150,tflops=185.2,device=A100" (repeatable).',
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print only the JSON record on stdout."),
+    as_json: bool = _options.JSON,
+    world_size: int | None = _options.RENAMED_WORLD_SIZE,
+    gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
+    nodes: int | None = _options.RENAMED_NODES,
 ) -> None:
     """Predict per-device memory, fit, relative step time and communication of plans.
 
@@ -101,10 +102,14 @@ def estimate_command(
     with user_errors():
         from autotune.cli._check import read_check
 
+        _options.refuse_renamed(world_size=world_size, gpus_per_node=gpus_per_node, nodes=nodes)
+        machine = _options.machine(device_memory=device_memory, margin=margin,
+                                   nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                   inter_gbps=inter_gbps, intra_gbps=intra_gbps)  # fmt: skip
         checks = [read_check(text) for text in check]
         profile = profiles[0] if profiles else None
         base, ckpt_all = _base_plan(batch_size, precision, checkpointing, profile)
-        base = _with_devices(base, world_size, gpus_per_node, nodes)
+        base = base.with_changes(gpus_per_node=machine.gpus_per_node, nodes=machine.nodes)
         facts = _facts(
             model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans)
         )
@@ -116,10 +121,7 @@ def estimate_command(
             facts,
             _plans(facts, base, plan, all_plans),
             reference=base,
-            device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
-            intra_gbps=intra_gbps,
-            inter_gbps=inter_gbps,
-            margin=margin,
+            machine=machine,
             train_tokens=parse_count(train_tokens, "--train-tokens") if train_tokens else None,
             mfu=mfu,
             peak_flops=peak_tflops * 1e12 if peak_tflops else None,
@@ -131,8 +133,8 @@ def estimate_command(
         if as_json:
             print_json(record)
         else:
-            print_table(render(record))
-            for line in _footer(record):
+            print_table(render(record, ranked_rows=all_plans, top=top))
+            for line in _footer(record, ranked_rows=all_plans, top=top):
                 console.print(line, markup=False, soft_wrap=True)
 
 
@@ -167,14 +169,6 @@ def _base_plan(
     if checkpointing is not None:
         ckpt_all = checkpointing is Switch.on
     return Plan.model_validate(values), ckpt_all
-
-
-def _with_devices(
-    base: Plan, world_size: int | None, gpus_per_node: int | None, nodes: int | None
-) -> Plan:
-    if world_size is not None and (gpus_per_node is not None or nodes is not None):
-        raise AutotuneError("--world-size: give it or --gpus-per-node/--nodes, not both")
-    return base.with_changes(gpus_per_node=world_size or gpus_per_node or 1, nodes=nodes or 1)
 
 
 def _read_profile(path: Path) -> ProfileRecord:
@@ -302,8 +296,47 @@ def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}x"
 
 
-def render(record: EstimateRecord) -> Table:
-    """The plans as a table: memory per device by category, fit, time, communication."""
+def _reference(record: EstimateRecord) -> Plan:
+    return record.baseline or record.plans[0].plan
+
+
+def relative_throughput(est: PlanEstimate, reference: Plan) -> float | None:
+    """Predicted samples per second over the reference plan's: samples per step / step time."""
+    ratio = est.predicted_step_time_ratio
+    if ratio is None or ratio <= 0:
+        return None
+    plan = est.plan
+    samples = plan.micro_batch * plan.grad_accum * plan.world_size
+    return samples / (reference.micro_batch * reference.grad_accum * reference.world_size) / ratio
+
+
+def ranked(record: EstimateRecord) -> list[PlanEstimate]:
+    """The plans that fit (or, with no budget, all) by predicted throughput, highest first,
+    then those that do not fit, each group with unknown throughput last."""
+    reference = _reference(record)
+
+    def key(est: PlanEstimate) -> tuple[bool, bool, float]:
+        speed = relative_throughput(est, reference)
+        return est.fits is False, speed is None, -(speed or 0.0)
+
+    return sorted(record.plans, key=key)
+
+
+def _best(rows: list[PlanEstimate], reference: Plan) -> PlanEstimate | None:
+    first = rows[0] if rows else None
+    if first is None or first.fits is False or relative_throughput(first, reference) is None:
+        return None
+    return first
+
+
+def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None = None) -> Table:
+    """The plans as a table: memory per device by category, fit, time, throughput, communication.
+
+    Args:
+        record: the estimate.
+        ranked_rows: order the rows by :func:`ranked` and mark the best plan (``--all-plans``).
+        top: show only the first ``top`` rows.
+    """
     from rich.table import Table
 
     unit, scale = _unit(record)
@@ -313,21 +346,27 @@ def render(record: EstimateRecord) -> Table:
         f"{_devices(record)}, device memory {budget} (margin {record.margin:.0%}); {unit} per device"
     )
     table = Table(title=title, show_header=True, header_style="bold")
-    # Long plans get a number here and their knobs under the table, so rows stay one line.
-    numbered = any(len(_short(est.plan)) > 12 for est in record.plans)
-    columns = ["#" if numbered else "plan", "params", "grads", "optim", "act", "peak", "fits"]
-    columns += ["time", "comm"] + (["days"] if record.train_tokens else [])
+    rows = ranked(record) if ranked_rows else list(record.plans)
+    reference = _reference(record)
+    best = _best(rows, reference) if ranked_rows else None
+    columns = [*(["best"] if ranked_rows else []), "plan", "params", "grads", "optim", "act"]
+    columns += ["peak", "fits", "time", "speed", "comm"] + (["days"] if record.train_tokens else [])
+    shown = rows[:top]
+    widest = max(len(_short(est.plan)) for est in shown)
     for name in columns:
-        table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
+        plan_column = name == "plan"  # one line each, never cut
+        table.add_column(name, justify="left" if plan_column else "right", no_wrap=True,
+                         min_width=widest if plan_column else None)  # fmt: skip
 
     def size(value: float) -> str:
         return f"{value / scale:.2f}"
 
-    for number, est in enumerate(record.plans, 1):
+    for est in shown:
         mem = est.memory
         fits = "–" if est.fits is None else ("yes" if est.fits else "no")
         row = [
-            str(number) if numbered else _short(est.plan),
+            *(["*" if est is best else ""] if ranked_rows else []),
+            _short(est.plan),
             size(mem.parameters),
             size(mem.gradients),
             size(mem.optimizer_states),
@@ -335,6 +374,7 @@ def render(record: EstimateRecord) -> Table:
             size(mem.peak),
             fits,
             _ratio(est.predicted_step_time_ratio),
+            _ratio(relative_throughput(est, reference)),
             size(est.communication_bytes_per_step),
         ]
         if record.train_tokens:
@@ -343,13 +383,33 @@ def render(record: EstimateRecord) -> Table:
     return table
 
 
-def _footer(record: EstimateRecord) -> list[str]:
-    """Where each figure came from, and the claim check."""
+def _ranking_lines(record: EstimateRecord, ranked_rows: bool, top: int | None) -> list[str]:
+    reference = _reference(record)
+    lines = [f"speed: predicted samples/s over {reference.describe()}'s (samples per step / time)"]
+    if ranked_rows:
+        rows = ranked(record)
+        best = _best(rows, reference)
+        among = "the plans that fit" if record.device_memory_bytes else "all plans (no budget)"
+        lines.append(
+            f"order: {among} by predicted speed, then the plans that do not fit; "
+            + (
+                f"* best: {best.plan.describe()}"
+                if best
+                else "no best: no plan that fits has a predicted speed (see the notes)"
+            )
+        )
+    if top is not None and top < len(record.plans):
+        lines.append(f"showing the first {top} of {len(record.plans)} plans (--top)")
+    return lines
+
+
+def _footer(
+    record: EstimateRecord, *, ranked_rows: bool = False, top: int | None = None
+) -> list[str]:
+    """Where each figure came from, the order and best plan, and the claim check."""
     first = record.plans[0]
     sources = sorted({est.source for est in record.plans})
-    lines = []
-    if any(len(_short(est.plan)) > 12 for est in record.plans):
-        lines += [f"#{n}: {_short(est.plan)}" for n, est in enumerate(record.plans, 1)]
+    lines = _ranking_lines(record, ranked_rows, top)
     lines += [
         f"model states: formula ({', '.join(sorted({e.accounting for e in record.plans}))} accounting); "
         f"activations: {', '.join(sources)}; peak: {first.memory.peak_composition}",

@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autotune.cli import _source
+from autotune.cli import _options, _source
 from autotune.cli._common import (
     PrecisionChoice,
     Switch,
     check_output,
     console,
-    device_name,
     err_console,
     print_json,
     print_table,
@@ -33,9 +32,7 @@ def profile_command(
     batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="Samples per step."),
     steps: int = typer.Option(20, "--steps", min=1, help="Timed steps (medians reported)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Steps run first and dropped."),
-    device: str = typer.Option(
-        "auto", "--device", callback=device_name, help="auto, cpu, cuda or cuda:N."
-    ),
+    device: str | None = _options.DEVICE,
     precision: PrecisionChoice = typer.Option(
         PrecisionChoice.fp32, "--precision", help="fp32, or autocast bf16/fp16 with fp32 weights."
     ),
@@ -45,12 +42,13 @@ def profile_command(
     out: Path = typer.Option(
         Path("autotune-profile.json"), "--out", "-o", help="Where the JSON record is written."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print only the JSON record on stdout."),
+    as_json: bool = _options.JSON,
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
     seq_len: int | None = _source.SEQ_LEN,
 ) -> None:
     """Run real training steps of MODEL and measure memory, time, FLOPs and the device."""
+    device = device or "auto"
     with user_errors(), _source.model_source(model, hf_config, hf_model, seq_len) as source:
         check_output(out, "--out")
         from autotune.runtime.profiler import profile

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from autotune.cli import _options
 from autotune.cli._common import check_output, err_console, print_json, user_errors
 
 
@@ -18,7 +19,9 @@ def report(
         None, "--confirm", help="Session log of `autotune confirm` (measured effect, kept or not)."
     ),
     tune: Path | None = typer.Option(
-        None, "--tune", help="Tune record from `autotune tune --out`."
+        None,
+        "--tune",
+        help="Tune record: autotune-tune.json, written by `autotune tune` in its --out-dir.",
     ),
     study: str | None = typer.Option(None, "--study", help="Optuna study name (with --storage)."),
     storage: str | None = typer.Option(
@@ -31,10 +34,8 @@ def report(
     png_dir: Path | None = typer.Option(
         None, "--png-dir", help="Also write each figure as a PNG here."
     ),
-    device_memory: str | None = typer.Option(
-        None, "--device-memory", help="Budget per device (e.g. 80GB) when the records do not say."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print only the report record as JSON."),
+    device_memory: str | None = _options.DEVICE_MEMORY,
+    as_json: bool = _options.JSON,
 ) -> None:
     """Write an HTML report: memory breakdown, activations, step split, trials, importances."""
     with user_errors():

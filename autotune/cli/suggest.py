@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from autotune.cli._common import above, console, print_json, user_errors
-from autotune.records import format_bytes, parse_bytes
+from autotune.cli import _options
+from autotune.cli._common import console, print_json, user_errors
+from autotune.records import format_bytes
 
 
 def register(app: typer.Typer) -> None:
@@ -19,21 +20,11 @@ def suggest_command(
     profile: Path = typer.Argument(
         Path("autotune-profile.json"), help="A profile saved by `autotune profile`."
     ),
-    device_memory: str | None = typer.Option(
-        None,
-        "--device-memory",
-        help="Per-device memory budget, e.g. 80GB (default: the profiled GPU's).",
-    ),
-    world_size: int = typer.Option(1, "--world-size", min=1, help="Data-parallel devices in all."),
-    gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", min=1, help="Devices per node (default: all on one node)."
-    ),
-    inter_gbps: float | None = typer.Option(
-        None,
-        "--inter-gbps",
-        callback=above(0),
-        help="Inter-node bandwidth in Gbit/s (<= 100 counts as slow).",
-    ),
+    device_memory: str | None = _options.DEVICE_MEMORY,
+    margin: float = _options.MARGIN,
+    nproc_per_node: int = _options.NPROC_PER_NODE,
+    nnodes: int = _options.NNODES,
+    inter_gbps: float | None = _options.INTER_GBPS,
     global_batch: int | None = typer.Option(
         None,
         "--global-batch",
@@ -51,23 +42,25 @@ def suggest_command(
         help="torch|accelerate|deepspeed|hf_trainer; torch and accelerate name the FSDP2 "
         "alternative of a ZeRO stage.",
     ),
-    json_output: bool = typer.Option(False, "--json", help="Print the record as JSON only."),
+    json_output: bool = _options.JSON,
+    world_size: int | None = _options.RENAMED_WORLD_SIZE,
+    gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
 ) -> None:
     """Propose the next change, then the rest of the ordered plan, from a saved profile."""
     with user_errors():
         from autotune.policy import suggest
         from autotune.records import AutotuneError, ProfileRecord, read_record
 
+        _options.refuse_renamed(world_size=world_size, gpus_per_node=gpus_per_node)
         known = ("torch", "accelerate", "deepspeed", "hf_trainer")
         if framework is not None and framework not in known:
             raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(known)}")
-
+        machine = _options.machine(device_memory=device_memory, margin=margin,
+                                   nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                   inter_gbps=inter_gbps)  # fmt: skip
         record = suggest(
             read_record(profile, ProfileRecord, "profile"),
-            device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
-            world_size=world_size,
-            gpus_per_node=gpus_per_node,
-            inter_gbps=inter_gbps,
+            machine=machine,
             global_batch=global_batch,
             policy_path=policy,
             profile_path=str(profile),

@@ -8,18 +8,23 @@ from typing import Any
 
 import typer
 
-from autotune.cli import _source
+from autotune.cli import _options, _source
 from autotune.cli._common import (
     above,
-    check_directory,
+    check_out_dir,
     console,
-    device_name,
     err_console,
     print_json,
     print_table,
     user_errors,
 )
-from autotune.records import format_bytes, parse_bytes
+from autotune.records import (
+    HEARTBEAT_S,
+    JOIN_TIMEOUT_S,
+    TRIAL_TIMEOUT_S,
+    Machine,
+    format_bytes,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -30,83 +35,97 @@ def register(app: typer.Typer) -> None:
 def tune_command(
     model: Path | None = _source.MODEL,
     global_batch: int = typer.Option(..., "--global-batch", min=1, help="Samples per optimizer step, kept by every plan."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks per trial on each node (torchrun); ZeRO stages are searched when a trial has > 1 rank."),
-    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes per trial. > 1: this command only asks the study; `autotune agent` on every node launches the ranks."),
+    nproc_per_node: int = _options.NPROC_PER_NODE,
+    nnodes: int = _options.NNODES,
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes > 1): a free port on one of the nodes."),
-    join_timeout: float = typer.Option(120.0, "--join-timeout", callback=above(0), help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
-    inter_gbps: float | None = typer.Option(None, "--inter-gbps", callback=above(0), help="Link between nodes, Gbit/s: the estimate's communication time for plans over nodes."),
+    join_timeout: float = typer.Option(JOIN_TIMEOUT_S, "--join-timeout", callback=above(0), help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
+    inter_gbps: float | None = _options.INTER_GBPS,
     trials: int = typer.Option(20, "--trials", min=1, help="Plans to measure (pruned plans do not count)."),
     budget_minutes: float | None = typer.Option(None, "--budget-minutes", callback=above(0), help="Stop starting trials after this much trial time."),
-    trial_timeout: float = typer.Option(300.0, "--trial-timeout", callback=above(0), help="Seconds before a trial's process group is killed."),
-    device_memory: str | None = typer.Option(None, "--device-memory", help="Per-device budget, e.g. 2GiB (default: the GPU's; none on CPU)."),
-    margin: float = typer.Option(0.10, "--margin", min=0.0, max=0.9, help="Share of --device-memory the estimate keeps free: plans predicted above the rest are pruned, never run."),
+    trial_timeout: float = typer.Option(TRIAL_TIMEOUT_S, "--trial-timeout", callback=above(0), help="Seconds before a trial's process group is killed."),
+    device_memory: str | None = _options.DEVICE_MEMORY,
+    margin: float = _options.MARGIN,
     storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
-    heartbeat: int = typer.Option(10, "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
+    heartbeat: int = typer.Option(HEARTBEAT_S, "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
     steps: int = typer.Option(3, "--steps", min=1, help="Fewest measured optimizer steps per trial."),
     interval: float = typer.Option(0.05, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
     max_steps: int = typer.Option(20, "--max-steps", min=1, help="Most measured steps per trial when measuring to --interval."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
     repeats: int = typer.Option(3, "--repeats", min=0, help="Interleaved re-runs of best, baseline and runner-up (0: none; the search's single runs are compared, and the record says so)."),
-    device: str = typer.Option("auto", "--device", callback=device_name, help="auto, cpu, cuda or cuda:N."),
+    device: str | None = _options.DEVICE,
     profile: Path | None = typer.Option(None, "--profile", help="A saved profile (default: a short fresh one)."),
     baseline: str | None = typer.Option(None, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
     policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
-    out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json and ds_config.json go."),
+    out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json, ds_config.json and autotune-tune.json go (created if missing)."),
     finish: bool = typer.Option(False, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
-    engines: str = typer.Option("deepspeed", "--engines", help="Who may shard a ZeRO stage: deepspeed, or deepspeed,fsdp2 to also search PyTorch's FSDP2 (with --nproc > 1)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the tune record as JSON only."),
+    engines: str = typer.Option("deepspeed", "--engines", help="Who may shard a ZeRO stage: deepspeed, or deepspeed,fsdp2 to also search PyTorch's FSDP2 (with --nproc-per-node > 1)."),
+    json_output: bool = _options.JSON,
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
     seq_len: int | None = _source.SEQ_LEN,
+    command: list[str] | None = typer.Argument(None, show_default=False, help="After --: your own launch command (python train.py ..., torchrun ..., accelerate launch ..., deepspeed ...), run unchanged in each trial with the plan injected (instead of MODEL)."),
+    arg_map: list[str] = typer.Option([], "--arg-map", help="With -- COMMAND: KEY=--flag, the script flag that takes a DeepSpeed config key's value, e.g. train_micro_batch_size_per_gpu=--batch-size (repeatable)."),
 ) -> None:  # fmt: skip
     """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest.
 
-    Roles: this command asks the study (Optuna, in --storage) for plans and records what they measured. With --nnodes 1 it also launches each trial here (torchrun for --nproc ranks); several copies on one --storage and --study share the study, each running its own trials (on one machine, start each with its own CUDA_VISIBLE_DEVICES or taskset -c CPUS).
+    Roles: this command asks the study (Optuna, in --storage) for plans and records what they measured. With --nnodes 1 it also launches each trial here (torchrun for --nproc-per-node ranks); several copies on one --storage and --study share the study, each running its own trials (on one machine, start each with its own CUDA_VISIBLE_DEVICES or taskset -c CPUS).
 
     With --nnodes K > 1 it launches nothing: run `autotune agent --storage URL --study NAME` on each of the K nodes; the agents start the ranks of every trial with torchrun, meeting at the c10d rendezvous --rdzv-endpoint HOST:PORT (a free port on one of the nodes).
 
     A worker or node that dies stops its trial's heartbeats; the trial is failed and run again.
     """
     with user_errors():
-        from autotune.api import check_tune_options, tune_model
-        from autotune.records import AutotuneError
+        from autotune.api import check_tune, tune_model
+        from autotune.records import TuneOptions
 
-        check_directory(out_dir, f"--out-dir {out_dir}")
-        if not 0 <= interval < 1:
-            raise AutotuneError(f"--interval: {interval} is not a share in [0, 1)")
-        check_tune_options(
-            str(model) if model else None, global_batch, nproc, nnodes, rdzv_endpoint
-        )
-        per_rank = max(global_batch // max(nproc * nnodes, 1), 1)
-        base = _baseline(baseline, per_rank, nproc, nnodes) if baseline else None
+        machine = _options.machine(device=device, device_memory=device_memory, margin=margin,
+                                   nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                   inter_gbps=inter_gbps)  # fmt: skip
+        per_rank = max(global_batch // machine.world_size, 1)
+        options = TuneOptions(
+            global_batch=global_batch, trials=trials,
+            budget_s=budget_minutes * 60 if budget_minutes is not None else None,
+            trial_timeout_s=trial_timeout, steps=steps, interval_width=interval or None,
+            max_steps=max_steps, warmup=warmup, repeats=repeats, storage=storage,
+            study_name=study, heartbeat_s=heartbeat,
+            profile_path=str(profile) if profile else None,
+            policy_path=str(policy) if policy else None,
+            baseline=_baseline(baseline, per_rank, machine) if baseline else None,
+            engines=_engines(engines), finish=finish, rdzv_endpoint=rdzv_endpoint,
+            join_timeout_s=join_timeout,
+        )  # fmt: skip
+        # After --, the first token lands in MODEL's place: it is the command's.
+        script = [str(model), *command] if command and model else None
+        if script is None:
+            check_tune(options, machine, str(model) if model else None)
+        else:
+            from autotune.api_scripts import check_script
+
+            check_script(script, options, machine, arg_map)
+        check_out_dir(out_dir, "--out-dir")
         with _ProgressView(trials, quiet=not err_console.is_terminal) as view:
-            record = tune_model(
-                str(model) if model else None, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
-                global_batch=global_batch, nproc=nproc, device=device,
-                device_memory=parse_bytes(device_memory, "--device-memory") if device_memory else None,
-                profile_path=str(profile) if profile else None, policy_path=str(policy) if policy else None,
-                baseline=base, steps=steps, warmup=warmup, trial_timeout=trial_timeout,
-                interval_width=interval or None, max_steps=max_steps,
-                progress=view.update, trials=trials,
-                budget_s=budget_minutes * 60 if budget_minutes is not None else None,
-                storage=storage, study_name=study,
-                repeats=repeats, heartbeat_s=heartbeat, nodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                join_timeout=join_timeout, inter_gbps=inter_gbps, finish=finish, margin=margin,
-                engines=_engines(engines),
-            )  # fmt: skip
-        written = _write_outputs(record, out_dir, nproc * nnodes)
+            if script is not None:
+                from autotune.api_scripts import tune_script
+
+                record = tune_script(script, options=options, machine=machine,
+                                     arg_map=arg_map, progress=view.update)  # fmt: skip
+            else:
+                record = tune_model(str(model) if model else None, options=options, machine=machine,
+                                hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
+                                progress=view.update)  # fmt: skip
+        written = _write_outputs(record, out_dir, machine.world_size)
         if json_output:
             print_json(record)
         else:
             render(record, written)
 
 
-def _baseline(text: str, per_rank: int, nproc: int, nodes: int = 1) -> Any:
+def _baseline(text: str, per_rank: int, machine: Machine) -> Any:
     """The user's plan; given only a micro-batch, accumulation keeps the global batch."""
     from autotune.records import Plan, parse_plan
 
-    start = Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
+    start = Plan(micro_batch=per_rank, gpus_per_node=machine.gpus_per_node, nodes=machine.nodes)
     plan = parse_plan(text, start, "--baseline")
     if "ga=" not in text and "grad_accum" not in text and per_rank % plan.micro_batch == 0:
         plan = plan.with_changes(grad_accum=per_rank // plan.micro_batch)
@@ -114,44 +133,52 @@ def _baseline(text: str, per_rank: int, nproc: int, nodes: int = 1) -> Any:
 
 
 def _engines(text: str) -> tuple[str, ...]:
-    from autotune.records import AutotuneError
+    """``--engines`` split at commas (TuneOptions checks the names)."""
+    return tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
 
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    bad = [name for name in names if name not in ("deepspeed", "fsdp2")]
-    if bad or not names:
-        raise AutotuneError(f"--engines: {','.join(bad) or '(none)'}: use deepspeed and/or fsdp2")
-    return names
+
+TUNE_RECORD = "autotune-tune.json"
+"""The tune record's file in --out-dir, which ``autotune report --tune`` reads."""
 
 
 def _write_outputs(record: Any, out_dir: Path, nproc: int) -> list[Path]:
+    """The tune record, and with a recommendation its record and config, in ``out_dir``."""
     from autotune.records import atomic_write_text, write_record
 
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [write_record(out_dir / TUNE_RECORD, record)]
     rec = record.recommendation
     if rec is None:
-        return []
+        return written
     from autotune.api import deepspeed_config, fsdp2_config
 
-    if rec.plan.engine == "fsdp2":  # its deliverable: the Accelerate config (JSON reads as YAML)
+    if rec.plan.engine == "fsdp2":  # its deliverable: the Accelerate config file
+        from autotune.emit import accelerate_fsdp_yaml
+
         out = fsdp2_config(rec, world_size=nproc)
         return [
+            *written,
             write_record(out_dir / "recommendation.json", rec),
             atomic_write_text(out_dir / "accelerate_fsdp2.yaml",
-                              json.dumps(out["accelerate_config"], indent=2) + "\n"),
+                              accelerate_fsdp_yaml(out["accelerate_config"])),
         ]  # fmt: skip
 
     config = deepspeed_config(rec, world_size=nproc)
     return [
+        *written,
         write_record(out_dir / "recommendation.json", rec),
         atomic_write_text(out_dir / "ds_config.json", json.dumps(config, indent=2) + "\n"),
     ]
 
 
 class _ProgressView:
-    """Rich progress on stderr: trial i of T, the best so far, the time left."""
+    """Progress on stderr: on a terminal a Rich bar (trial i of T, the best so far, the time
+    left); elsewhere (a log under nohup, Slurm or CI) one plain line per trial."""
 
     def __init__(self, total: int, quiet: bool) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+        self.lines = quiet
         self.progress = Progress(
             TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
             console=err_console.get(), disable=quiet, transient=False,
@@ -160,6 +187,9 @@ class _ProgressView:
 
     def __enter__(self) -> _ProgressView:
         self.progress.start()
+        if self.lines:
+            self._say("profiling the model, then starting the trial workers (a first DeepSpeed "
+                      "start compiles its comm op: about a minute)")  # fmt: skip
         return self
 
     def __exit__(self, kind: object, *exc: object) -> None:
@@ -174,6 +204,36 @@ class _ProgressView:
         last = f"last: {state.last.plan.describe()} {state.last.outcome or 'pruned'}"
         self.progress.update(self.task, completed=min(state.measured, state.target),
                              description=f"{shown}{left}; {last}")  # fmt: skip
+        if self.lines:
+            self._say(_trial_line(state))
+
+    @staticmethod
+    def _say(line: str) -> None:
+        err_console.print(f"autotune tune: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _trial_line(state: Any) -> str:
+    """One trial's line for a log: what ran, its outcome and figures, the best, the time left."""
+    t = state.last
+    figures = [_throughput(t)] if t.samples_per_s is not None else []
+    if t.peak_memory_bytes:
+        figures.append(f"peak {format_bytes(t.peak_memory_bytes)}")
+    if t.duration_s is not None:
+        figures.append(f"{t.duration_s:.1f} s")
+    outcome = t.outcome or "pruned"
+    why = f" ({t.reason})" if t.reason and outcome != "ok" else ""
+    best = (
+        f"best {_throughput(state.best)} ({state.best.plan.describe()})"
+        if state.best
+        else "no best yet"
+    )
+    left = (
+        f"; {state.seconds_left / 60:.1f} min of budget left"
+        if state.seconds_left is not None
+        else ""
+    )
+    return (f"trial {t.number} [{state.measured}/{state.target}] {t.plan.describe()}: {outcome}{why}"
+            f"{': ' + ', '.join(figures) if figures else ''}; {best}{left}")  # fmt: skip
 
 
 def _costs(record: Any) -> str:

@@ -7,12 +7,13 @@ tests pass a fake), so the loop itself is pure bookkeeping over records.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from autotune.confirm._records import ConfirmRecord, ConfirmStep, Measured
 from autotune.confirm._verdict import decide
 from autotune.policy import Suggestion, suggest
-from autotune.records import AUTOCAST_PLAN_PRECISION, NotApplicable, Plan, ProfileRecord
+from autotune.records import AUTOCAST_PLAN_PRECISION, Machine, NotApplicable, Plan, ProfileRecord
 
 Progress = Callable[[str], None]
 Measure = Callable[[Plan, Plan], Mapping[str, Any]]
@@ -47,7 +48,9 @@ def confirm_changes(
     loss_tolerance: float = 0.05,
     max_changes: int = 8,
     progress: Progress | None = None,
-    **suggest_options: Any,
+    machine: Machine | None = None,
+    global_batch: int | None = None,
+    policy_path: str | Path | None = None,
 ) -> ConfirmRecord:
     """Measure each proposed change against the plan kept so far; keep it only when it helps.
 
@@ -61,7 +64,10 @@ def confirm_changes(
         loss_tolerance: largest relative difference of the mean loss accepted.
         max_changes: most changes proposed in one session.
         progress: called with one line per event (the CLI prints them to stderr).
-        **suggest_options: passed to :func:`autotune.policy.suggest`.
+        machine: the target machine and its budget (default: the profiled device's
+            memory, or this CPU's available memory).
+        global_batch: the target global batch, kept with accumulation.
+        policy_path: a policy TOML file (default: the default policy).
 
     Returns:
         The session log: every change proposed, predicted, measured, kept or rejected.
@@ -72,7 +78,8 @@ def confirm_changes(
     log: list[ConfirmStep] = []
     baseline: Plan | None = None
     for _ in range(max_changes):
-        record = suggest(profile, start=kept, skip_rules=skip, **suggest_options)
+        record = suggest(profile, machine=machine, global_batch=global_batch,
+                         policy_path=policy_path, start=kept, skip_rules=skip)  # fmt: skip
         baseline = baseline or record.baseline
         if not record.suggestions:
             break

@@ -4,7 +4,7 @@ Where to change what: the ZeRO model-state, bucket, communication and offload fo
 ``_zero.py`` (their one home), FSDP2's (``engine=fsdp2``) in ``_fsdp.py``; activations, FLOPs and step time in ``_costmodel.py``; the peak's
 moments in ``_peakmodel.py``; facts read from a profile in ``_modelfacts.py``; claim checks in
 ``_claims.py`` (throughput against FLOPs per token in ``_throughput.py``, the GPU peak table in
-``_peaks.py``); the per-plan estimator and its records in ``_estimator.py``. No torch.
+``_device_flops.py``); the per-plan estimator and its records in ``_estimator.py``. No torch.
 """
 
 from __future__ import annotations
@@ -12,146 +12,61 @@ from __future__ import annotations
 from autotune.estimator._claims import (
     Claim,
     ClaimCheck,
-    MemoryCheck,
-    check_claim,
-    check_memory,
-    claim_peak,
-    plan_train_days,
 )
 from autotune.estimator._costmodel import (
-    ADAM_STATE_BYTES,
-    SECONDS_PER_DAY,
-    WEIGHT_BYTES,
-    Accounting,
-    ActivationFigures,
-    BaselineTime,
-    activation_peak,
-    communicated_bytes_per_element,
-    flops_per_token,
-    recompute_flops_per_token,
-    saved_activations,
-    step_seconds,
-    tokens_per_second_at_mfu,
     train_days,
-    transfer_seconds,
 )
 from autotune.estimator._estimator import (
-    DEFAULT_MARGIN,
-    MARGIN_NOTE,
     EstimateRecord,
-    MemoryEstimate,
     PlanEstimate,
     estimate,
     estimate_plan,
     plan_grid,
 )
-from autotune.estimator._fsdp import (
-    fsdp2_engine_bytes,
-    fsdp2_moments,
-    fsdp2_state_bytes,
-    plan_states,
-)
 from autotune.estimator._modelfacts import (
     ActivationSpec,
-    Baseline,
     ModelFacts,
     Source,
     TracedMoment,
-    activation_spec,
-    block_share,
     facts_from_profile,
     fit_step_time,
 )
-from autotune.estimator._peakmodel import CATEGORIES, Moments, moments, predict_peak
-from autotune.estimator._peaks import (
-    DENSE_PEAKS,
+from autotune.estimator._peakmodel import (
+    CATEGORIES,
+    moments,
+)
+from autotune.estimator._device_flops import (
     PEAK_DTYPE,
     device_peak_flops,
     table_peak_flops,
 )
-from autotune.estimator._throughput import ThroughputCheck, check_throughput, plan_flops_per_token
 from autotune.estimator._zero import (
-    BUCKET_ALIGNMENT,
     BUCKET_SIZE,
-    PAPER_K,
-    StateBytes,
-    bucket_bytes,
     bucket_elements,
-    communication_elements,
-    is_deepspeed,
-    model_state_bytes,
     offload_bytes_per_step,
-    paper_floor,
-    states_for,
-    zero_bucket_bytes,
 )
 
 __all__ = [
-    "ADAM_STATE_BYTES",
-    "Accounting",
-    "ActivationFigures",
     "ActivationSpec",
-    "BUCKET_ALIGNMENT",
     "BUCKET_SIZE",
-    "Baseline",
-    "BaselineTime",
     "CATEGORIES",
     "Claim",
     "ClaimCheck",
-    "DENSE_PEAKS",
-    "DEFAULT_MARGIN",
     "EstimateRecord",
-    "MARGIN_NOTE",
-    "MemoryCheck",
-    "MemoryEstimate",
     "ModelFacts",
-    "Moments",
-    "PAPER_K",
     "PEAK_DTYPE",
     "PlanEstimate",
-    "SECONDS_PER_DAY",
     "Source",
-    "StateBytes",
     "TracedMoment",
-    "ThroughputCheck",
-    "WEIGHT_BYTES",
-    "activation_peak",
-    "activation_spec",
-    "block_share",
-    "bucket_bytes",
     "bucket_elements",
-    "check_claim",
-    "check_memory",
-    "check_throughput",
-    "claim_peak",
-    "communicated_bytes_per_element",
-    "communication_elements",
     "device_peak_flops",
     "estimate",
     "estimate_plan",
     "facts_from_profile",
     "fit_step_time",
-    "flops_per_token",
-    "is_deepspeed",
-    "model_state_bytes",
     "moments",
     "offload_bytes_per_step",
-    "paper_floor",
-    "plan_flops_per_token",
     "plan_grid",
-    "plan_train_days",
-    "predict_peak",
-    "recompute_flops_per_token",
-    "saved_activations",
-    "states_for",
-    "plan_states",
-    "fsdp2_engine_bytes",
-    "fsdp2_moments",
-    "fsdp2_state_bytes",
-    "step_seconds",
     "table_peak_flops",
-    "tokens_per_second_at_mfu",
     "train_days",
-    "transfer_seconds",
-    "zero_bucket_bytes",
 ]

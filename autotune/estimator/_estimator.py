@@ -24,7 +24,7 @@ from autotune.estimator._modelfacts import (
     fit_step_time,
 )
 from autotune.estimator._peakmodel import predict_peak
-from autotune.records import Plan
+from autotune.records import Machine, Plan
 from autotune.records import Record as _Record
 
 __all__ = [
@@ -44,7 +44,8 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-DEFAULT_MARGIN = 0.10
+NO_BUDGET = Machine()
+"""The default machine: no budget (fit unknown), no link speeds."""
 MARGIN_NOTE = (
     "fits = predicted peak <= device memory x (1 - margin); the margin covers what tensors "
     "do not show: CUDA context, allocator fragmentation, communication buffers"
@@ -175,11 +176,7 @@ def estimate_plan(
     plan: Plan,
     *,
     reference: Plan | None = None,
-    device_memory: int | None = None,
-    intra_gbps: float | None = None,
-    inter_gbps: float | None = None,
-    pcie_gbps: float | None = None,
-    margin: float = DEFAULT_MARGIN,
+    machine: Machine = NO_BUDGET,
 ) -> PlanEstimate:
     """Predict one plan's per-device memory, fit, relative step time and communication.
 
@@ -188,11 +185,8 @@ def estimate_plan(
         plan: the plan to predict.
         reference: the plan step-time ratios are relative to; the measured
             baseline's plan when ``facts`` has one.
-        device_memory: per-device budget in bytes; None leaves ``fits`` unknown.
-        intra_gbps: bandwidth inside a node, Gbit/s (communication time).
-        inter_gbps: bandwidth between nodes, Gbit/s (used when the plan spans nodes).
-        pcie_gbps: host-device bandwidth, Gbit/s (offload time).
-        margin: share of device memory kept free for what tensors do not show.
+        machine: the budget and margin (no budget: ``fits`` unknown) and the links:
+            inside a node and between nodes (communication time), host-device (offload).
     """
     peak, temps, how, states, source = predict_peak(facts, plan)
     spec, _ = activation_spec(facts, plan.precision)
@@ -216,7 +210,9 @@ def estimate_plan(
     psi = facts.trainable_parameters
     comm = zero.communication_elements(psi, plan.zero_stage, plan.world_size, plan.grad_accum)
     comm_bytes = comm * cm.communicated_bytes_per_element(plan.precision)
-    comm_s = cm.transfer_seconds(comm_bytes, inter_gbps if plan.nodes > 1 else intra_gbps)
+    comm_s = cm.transfer_seconds(
+        comm_bytes, machine.inter_gbps if plan.nodes > 1 else machine.intra_gbps
+    )
     offload = zero.offload_bytes_per_step(
         parameters=facts.parameters,
         trainable=psi,
@@ -226,7 +222,7 @@ def estimate_plan(
         offload_optimizer=plan.offload_optimizer != "none",
         offload_param=plan.offload_param != "none",
     )
-    offload_s = cm.transfer_seconds(offload, pcie_gbps)
+    offload_s = cm.transfer_seconds(offload, machine.pcie_gbps)
     if comm_bytes and comm_s is None:
         notes.append("communication time not included: no bandwidth given")
     if offload and offload_s is None:
@@ -236,7 +232,7 @@ def estimate_plan(
         facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0)
     )
     notes.extend(note for note in (time_note,) if note)
-    usable = device_memory * (1.0 - margin) if device_memory else None
+    usable = machine.usable
     return PlanEstimate(
         plan=plan,
         memory=MemoryEstimate(
@@ -244,7 +240,7 @@ def estimate_plan(
             peak=round(peak),
             peak_composition=how,
         ),
-        fits=None if usable is None else peak <= usable,
+        fits=machine.fits(peak),
         headroom_bytes=None if usable is None else round(usable - peak),
         predicted_step_time_ratio=ratio,
         predicted_step_seconds=seconds,
@@ -292,10 +288,7 @@ def estimate(
     plans: list[Plan],
     *,
     reference: Plan | None = None,
-    device_memory: int | None = None,
-    intra_gbps: float | None = None,
-    inter_gbps: float | None = None,
-    margin: float = DEFAULT_MARGIN,
+    machine: Machine = NO_BUDGET,
     train_tokens: int | None = None,
     mfu: float | None = None,
     peak_flops: float | None = None,
@@ -308,10 +301,7 @@ def estimate(
         plans: the plans to predict.
         reference: the plan ratios are relative to when nothing was measured
             (default: the first plan).
-        device_memory: per-device budget in bytes (None: fits unknown).
-        intra_gbps: bandwidth inside a node, Gbit/s.
-        inter_gbps: bandwidth between nodes, Gbit/s.
-        margin: share of device memory kept free.
+        machine: the budget, the margin and the links (see :func:`estimate_plan`).
         train_tokens: token budget for the days-to-train figure.
         mfu: assumed model FLOPs utilisation for days to train.
         peak_flops: per-device peak FLOP/s for days to train.
@@ -325,10 +315,7 @@ def estimate(
             facts,
             plan,
             reference=reference,
-            device_memory=device_memory,
-            intra_gbps=intra_gbps,
-            inter_gbps=inter_gbps,
-            margin=margin,
+            machine=machine,
         )
         if train_tokens:
             days, how = plan_train_days(
@@ -347,10 +334,10 @@ def estimate(
         trainable_parameters=facts.trainable_parameters,
         num_layers=facts.num_layers,
         seq_len=facts.seq_len,
-        device_memory_bytes=device_memory,
-        margin=margin,
-        intra_gbps=intra_gbps,
-        inter_gbps=inter_gbps,
+        device_memory_bytes=machine.device_memory,
+        margin=machine.margin,
+        intra_gbps=machine.intra_gbps,
+        inter_gbps=machine.inter_gbps,
         baseline=reference,
         train_tokens=train_tokens,
         plans=results,

@@ -82,10 +82,9 @@ def model_state_bytes(
     ``optimizer_bytes_per_param`` per trainable parameter. Under DeepSpeed
     (METHOD.md section 2): weights and gradients in the plan's dtype, an fp32
     master copy plus the optimizer moments sharded from stage 1, an fp32 gradient
-    partition at the optimizer step; stage 3 also gathers the largest layer's
-    16-bit parameters and gradients (2 + 2 bytes each) and keeps no separate
-    16-bit gradient partition. For 16-bit weights this gives stage 1
-    (2 + 2 + 16/N), stage 2 (2 + 18/N), stage 3 18/N + 4 x largest.
+    partition at the optimizer step. For 16-bit weights this gives stage 1
+    (2 + 2 + 16/N) and stage 2 (2 + 18/N), DeepSpeed's own estimators' figures.
+    Stage 3 is :func:`zero3_bytes`, the one ZeRO-3 accounting (parts and moments).
 
     Args:
         parameters: all parameters (frozen ones are held too).
@@ -93,7 +92,8 @@ def model_state_bytes(
         precision: a plan precision (fp32, amp_bf16, amp_fp16, bf16, fp16).
         zero_stage: DeepSpeed ZeRO stage 0-3.
         world_size: data-parallel devices N.
-        largest_layer: parameter count of the largest single module (stage 3 gathers it).
+        largest_layer: parameter count of the largest single module (unused since stage 3
+            is :func:`zero3_bytes`, which gathers every parameter; kept for callers).
         optimizer_bytes_per_param: the optimizer's own state per trainable parameter
             (8 for Adam; measured when a profile read it from the optimizer).
         offload_optimizer: optimizer states and fp32 gradient partition live on the CPU.
@@ -118,10 +118,11 @@ def model_state_bytes(
         0.0 if offload_optimizer else (optimizer_bytes_per_param + 4.0) * trainable / shard_opt
     )
     if zero_stage >= 3:
-        # DeepSpeed's stage-3 estimator: 18/N (no separate 16-bit gradient partition;
-        # gradients are reduced into the fp32 partition) + the gathered largest layer.
-        params += w * largest_layer
-        grads = w * largest_layer
+        return zero3_bytes(
+            parameters=parameters, trainable=trainable, precision=precision,
+            world_size=n, optimizer_bytes_per_param=optimizer_bytes_per_param,
+            offload_optimizer=offload_optimizer, offload_param=offload_param,
+        )[1]  # fmt: skip
     return StateBytes(
         parameters=params,
         gradients=grads + fp32_grad_partition,
@@ -260,9 +261,86 @@ def bucket_bytes(facts: ModelFacts, plan: Plan) -> float:
     )
 
 
+STAGE3_MAX_LIVE_PARAMETERS = 1e9
+"""DeepSpeed's default ``stage3_max_live_parameters``: the most parameters gathered at once."""
+
 ZeroMoments = dict[str, dict[str, float]]
 """moment (backward, reduce, optimizer) -> bytes of parameters, gradients, optimizer_states,
 temporaries held by a ZeRO engine at that moment, per rank."""
+
+
+def zero3_bytes(
+    *,
+    parameters: float,
+    trainable: float,
+    precision: str,
+    world_size: int,
+    bucket_elements: float = 0.0,
+    optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+) -> tuple[ZeroMoments, StateBytes]:
+    """DeepSpeed ZeRO-3 per rank, the one accounting: what it holds at each moment the step
+    can peak, and the parts reported beside the peak, each the largest over those moments.
+
+    What is held when (deepspeed 0.19, s3 = ``stage3.py``, ppc =
+    ``partitioned_param_coordinator.py``; checked per rank against torch's memory profiler
+    in ``bench/zero_peaks.py``):
+
+    - throughout: the 16-bit (or fp32) parameter partition P = trainable / N, a gradient
+      partition buffer of P in the same dtype (s3:791), one bucket (s3:782), and an fp32
+      master copy of the partition plus the optimizer's moments on it; the master is a
+      clone even in fp32 training (the alias branch, s3:1162, compares a ``torch.device``
+      with a device-name string, never equal, so s3:1172 clones);
+    - from forward to the end of backward, every gathered parameter: with
+      ``stage3_max_reuse_distance`` at its default none is released before its backward
+      (ppc:652), so the whole model's parameters are gathered at once, up to
+      ``stage3_max_live_parameters`` (its default, which the emitted config keeps);
+    - at the reduction, the gathered parameters are gone and a flattened copy (the larger
+      of the gathered bytes and one bucket) is live;
+    - at the optimizer step, the fp32 gradient partition (4P) and Adam's two temporaries
+      of the flat partition.
+
+    Offload (on a GPU): ``offload_param`` keeps the partition on the host (the gathered
+    parameters still come to the device), ``offload_optimizer`` the master, the moments
+    and the fp32 gradient partition.
+
+    Returns:
+        The moments (backward, reduce, optimizer) and the reported parts.
+    """
+    n = max(world_size, 1)
+    w = WEIGHT_BYTES[precision]
+    part = trainable / n
+    host_optimizer = 0.0 if offload_optimizer else 1.0
+    base = {
+        "parameters": 0.0 if offload_param else w * part,
+        "optimizer_states": host_optimizer * (4.0 + optimizer_bytes_per_param) * part,
+        # With the optimizer offloaded, gradients stream to the host (only a bucket stays).
+        "gradients": 0.0 if offload_optimizer else w * part,
+    }
+    bucket = w * bucket_elements
+    gathered = w * min(parameters, STAGE3_MAX_LIVE_PARAMETERS)
+    flatten = w * min(bucket_elements, trainable) if n > 1 else 0.0
+    fp32_gradients = host_optimizer * 4.0 * part
+    moments = {
+        "backward": {**base, "parameters": base["parameters"] + gathered, "temporaries": bucket},
+        "reduce": {**base, "temporaries": bucket + max(gathered, flatten)},
+        "optimizer": {
+            **base,
+            "gradients": base["gradients"] + fp32_gradients,
+            "temporaries": bucket + 2 * fp32_gradients,
+        },
+    }
+    parts = {name: max(moment[name] for moment in moments.values())
+             for name in ("parameters", "gradients", "optimizer_states")}  # fmt: skip
+    states = StateBytes(
+        parameters=parts["parameters"],
+        gradients=parts["gradients"],
+        optimizer_states=parts["optimizer_states"],
+        accounting="deepspeed",
+        step_gradients=fp32_gradients,
+    )
+    return moments, states
 
 
 def zero_engine_bytes(
@@ -314,27 +392,9 @@ def zero_engine_bytes(
     flatten = w * min(bucket_elements, trainable) if n > 1 else 0.0
     step = {"gradients": 4.0 * part, "temporaries": 2 * 4.0 * part}
     if zero_stage >= 3:
-        master = 4.0 * part  # cloned whatever the precision (s3:1162-1172, see above)
-        base = {
-            "parameters": w * part,
-            "optimizer_states": master + optimizer_bytes_per_param * part,
-            "gradients": w * part,
-        }
-        bucket = w * bucket_elements
-        gathered = w * parameters
-        return {
-            "backward": {
-                **base,
-                "parameters": base["parameters"] + gathered,
-                "temporaries": bucket,
-            },
-            "reduce": {**base, "temporaries": bucket + max(gathered, flatten)},
-            "optimizer": {
-                **base,
-                "gradients": base["gradients"] + step["gradients"],
-                "temporaries": bucket + step["temporaries"],
-            },
-        }
+        return zero3_bytes(parameters=parameters, trainable=trainable, precision=precision,
+                           world_size=n, bucket_elements=bucket_elements,
+                           optimizer_bytes_per_param=optimizer_bytes_per_param)[0]  # fmt: skip
     base = {
         "parameters": w * parameters,
         "optimizer_states": (4.0 + optimizer_bytes_per_param) * part,

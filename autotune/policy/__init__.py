@@ -12,7 +12,7 @@ from autotune.policy._advisor import policy_plan, suggest
 from autotune.policy._conditions import TESTS, Clause, ClauseError, parse_clause
 from autotune.policy._facts import FACT_KINDS, FactKind, Facts
 from autotune.policy._loader import Policy, Rule, default_policy_path, load_policy
-from autotune.policy._profile_facts import FactBuilder, Machine, baseline_plan, static_facts
+from autotune.policy._fact_builder import FactBuilder, baseline_plan, static_facts
 from autotune.policy._records import Evidence, Predicted, Suggestion, SuggestRecord
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "FactBuilder",
     "FactKind",
     "Facts",
-    "Machine",
     "Params",
     "Policy",
     "Predicted",

@@ -10,18 +10,28 @@ from autotune.estimator import facts_from_profile, fit_step_time
 from autotune.policy._actions import ACTIONS
 from autotune.policy._facts import Facts
 from autotune.policy._loader import Policy, Rule, load_policy
-from autotune.policy._profile_facts import FactBuilder, Machine
+from autotune.policy._fact_builder import FactBuilder
 from autotune.policy._records import Evidence, Predicted, Suggestion, SuggestRecord
-from autotune.records import AutotuneError, Plan, ProfileRecord, format_bytes, fsdp2_equivalent
+from autotune.records import (
+    DEFAULT_MARGIN,
+    AutotuneError,
+    Machine,
+    Plan,
+    ProfileRecord,
+    format_bytes,
+    fsdp2_equivalent,
+)
 
 
 def suggest(
     profile: ProfileRecord,
     *,
+    machine: Machine | None = None,
     device_memory: int | None = None,
     world_size: int = 1,
     gpus_per_node: int | None = None,
     inter_gbps: float | None = None,
+    margin: float = DEFAULT_MARGIN,
     global_batch: int | None = None,
     policy_path: str | Path | None = None,
     start: Plan | None = None,
@@ -34,10 +44,14 @@ def suggest(
 
     Args:
         profile: the measured baseline.
+        machine: the target machine, budget and margin included (a budget not given is
+            filled from the profile: :meth:`Machine.with_default_budget`). Without it, the
+            next five arguments build one.
         device_memory: per-device budget in bytes (default: the profiled device's, if known).
         world_size: data-parallel devices in all.
         gpus_per_node: devices per node (default: all on one node).
         inter_gbps: inter-node link bandwidth in Gbit/s (``None``: unknown).
+        margin: share of the budget kept free when deciding what fits.
         global_batch: the target global batch (samples per optimizer step).
         policy_path: a policy TOML file (default: ``policies/default.toml``).
         start: the plan to build on (default: the profiled plan); confirm passes what it kept.
@@ -52,12 +66,16 @@ def suggest(
     Returns:
         The suggestions in order, each with its stacked plan, evidence and prediction.
     """
-    machine = _machine(profile, device_memory, world_size, gpus_per_node, inter_gbps, global_batch)
+    if global_batch is not None and global_batch < 1:
+        raise AutotuneError(f"--global-batch: {global_batch} must be at least 1")
+    if machine is None:
+        machine = _machine(device_memory, world_size, gpus_per_node, inter_gbps, margin)
+    machine = machine.with_default_budget(profile)
     policy = load_policy(policy_path)
     model = facts_from_profile(profile)
     for other in more_profiles:
         model = fit_step_time(model, other)
-    builder = FactBuilder(profile, model, machine)
+    builder = FactBuilder(profile, model, machine, global_batch)
     plan = start or builder.baseline
     suggestions: list[Suggestion] = []
     for step in _steps(policy):
@@ -77,7 +95,8 @@ def suggest(
         budget_source=machine.budget_source,
         world_size=machine.world_size,
         gpus_per_node=machine.gpus_per_node,
-        inter_gbps=inter_gbps,
+        inter_gbps=machine.inter_gbps,
+        margin=machine.margin,
         global_batch=global_batch,
         suggestions=[_with_fsdp2(s, framework) for s in suggestions],
         final_plan=plan,
@@ -109,13 +128,13 @@ def policy_plan(profile: ProfileRecord, **options: Any) -> Plan:
 
 
 def _machine(
-    profile: ProfileRecord,
     device_memory: int | None,
     world_size: int,
     gpus_per_node: int | None,
     inter_gbps: float | None,
-    global_batch: int | None,
+    margin: float,
 ) -> Machine:
+    """The machine the keyword arguments describe (``world_size`` devices in all)."""
     if world_size < 1:
         raise AutotuneError(f"--world-size: {world_size} must be at least 1")
     per_node = gpus_per_node or world_size
@@ -123,24 +142,8 @@ def _machine(
         raise AutotuneError(
             f"--gpus-per-node: {per_node} does not divide --world-size {world_size}"
         )
-    if inter_gbps is not None and inter_gbps <= 0:
-        raise AutotuneError(f"--inter-gbps: {inter_gbps} must be positive")
-    if global_batch is not None and global_batch < 1:
-        raise AutotuneError(f"--global-batch: {global_batch} must be at least 1")
-    budget, source = device_memory, "given" if device_memory is not None else None
-    if budget is None and profile.config.device == "cuda":
-        budget, source = profile.environment.device_memory_bytes, "device"
-    elif budget is None and profile.config.device == "cpu":
-        budget, source = available_memory(), "available_ram"
-    return Machine(budget, world_size, per_node, inter_gbps, global_batch,
-                   budget_source=source)  # type: ignore[arg-type]  # fmt: skip
-
-
-def available_memory() -> int:
-    """This machine's available memory in bytes (psutil): the budget of a CPU step."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
+    return Machine(device_memory=device_memory, gpus_per_node=per_node,
+                   nodes=world_size // per_node, inter_gbps=inter_gbps, margin=margin)  # fmt: skip
 
 
 def _steps(policy: Policy) -> list[list[Rule]]:

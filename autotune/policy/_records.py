@@ -65,6 +65,9 @@ class SuggestRecord(Record):
     world_size: int
     gpus_per_node: int
     inter_gbps: float | None
+    margin: float = Field(
+        default=0.10, description="share of the budget kept free when deciding what fits"
+    )
     global_batch: int | None
     suggestions: list[Suggestion]
     final_plan: Plan

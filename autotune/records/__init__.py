@@ -16,6 +16,14 @@ from autotune.records._io import (
     validate_record,
     write_record,
 )
+from autotune.records._machine import DEFAULT_MARGIN, BudgetSource, Machine, available_memory
+from autotune.records._options import (
+    FRONT_SIZE,
+    HEARTBEAT_S,
+    JOIN_TIMEOUT_S,
+    TRIAL_TIMEOUT_S,
+    TuneOptions,
+)
 from autotune.records._plan import (
     AUTOCAST_PLAN_PRECISION,
     Attention,
@@ -50,6 +58,7 @@ from autotune.records._units import (
     format_bytes,
     format_count,
     format_flops,
+    format_given_bytes,
     parse_bytes,
     parse_count,
 )
@@ -57,6 +66,15 @@ from autotune.records._units import (
 __all__ = [
     "AUTOCAST_PLAN_PRECISION",
     "COVERAGE",
+    "DEFAULT_MARGIN",
+    "FRONT_SIZE",
+    "HEARTBEAT_S",
+    "JOIN_TIMEOUT_S",
+    "TRIAL_TIMEOUT_S",
+    "BudgetSource",
+    "Machine",
+    "TuneOptions",
+    "available_memory",
     "ActivationFit",
     "AtPeak",
     "Attention",
@@ -91,6 +109,7 @@ __all__ = [
     "format_bytes",
     "format_count",
     "format_flops",
+    "format_given_bytes",
     "format_plan",
     "median_interval",
     "fsdp2_equivalent",

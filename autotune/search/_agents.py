@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.records import AutotuneError, Plan
+from autotune.records import JOIN_TIMEOUT_S, AutotuneError, Plan
 from autotune.search import _study
 from autotune.search._records import RunReport, TrialSettings
 from autotune.search._runner import EntryPoints, SubprocessRunner, TrialRunner
@@ -39,7 +39,6 @@ from autotune.search._storage_errors import lost_a_race, storage_error
 JOB_KEY = "autotune:job"
 REPORT_PREFIX = "autotune:report:"
 ACK_PREFIX = "autotune:took:"
-JOIN_TIMEOUT_S = 120.0
 _PACKAGES = ("autotune-advisor", "torch", "deepspeed", "optuna")
 
 

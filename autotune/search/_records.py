@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from autotune.records import MeasuredPlan, Plan, Recommendation
+from autotune.records import TRIAL_TIMEOUT_S, MeasuredPlan, Plan, Recommendation
 from autotune.records import Record as _Record
 
 SCHEMA_VERSION = 1
@@ -27,7 +27,7 @@ class TrialSettings(_Record):
     memory_guard: int | None = Field(
         None, description="RSS per rank above which the worker stops itself (protects the machine)"
     )
-    timeout_s: float = Field(default=600.0, gt=0, description="hard limit per launch")
+    timeout_s: float = Field(default=TRIAL_TIMEOUT_S, gt=0, description="hard limit per launch")
     seed: int = 0
     interval_width: float | None = Field(
         default=None,

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from autotune.records import Plan, write_record
 from autotune.search._records import RunReport, TrialResult, TrialSettings, WorkerSpec
+from autotune.search._waits import host_lock_deadline, take_flock
 
 LIFELINE_ENV = "AUTOTUNE_PARENT_PID"
 """Names the process whose death ends the child (read by the lifeline entry point)."""
@@ -143,15 +144,17 @@ def lock_path(unit: str) -> Path:
 
 
 @contextlib.contextmanager
-def host_lock(units: list[str]) -> Iterator[None]:
+def host_lock(units: list[str], deadline_s: float | None = None) -> Iterator[None]:
     """Hold this host's lock of every unit in ``units``: measured work of concurrent
     workers on one machine takes turns where their devices overlap (workers on disjoint
-    CPU sets or GPUs run at once) instead of measuring each other's load.
+    CPU sets or GPUs run at once) instead of measuring each other's load. A wait says so
+    on stderr after a few seconds and ends with :class:`AutotuneError` after ``deadline_s``.
     """
     with contextlib.ExitStack() as held:
         for unit in sorted(set(units)):  # one order in every process: no deadlock
             handle = held.enter_context(lock_path(unit).open("a"))
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            take_flock(handle, lock_path(unit), deadline_s=deadline_s,
+                       what="another autotune measuring on these devices")  # fmt: skip
             held.callback(fcntl.flock, handle, fcntl.LOCK_UN)
         yield
 
@@ -160,8 +163,8 @@ class SubprocessRunner(TrialRunner):
     """Each trial in a new session: ``python -m WORKER`` for one rank, torchrun for several.
 
     Args:
-        entry_points: the worker and lifeline every launch starts (the composer's
-            ``autotune.runtime.trial.ENTRY_POINTS``).
+        entry_points: the worker and lifeline every launch starts (the composer passes
+            the runtime's).
         python: the interpreter.
         retries: relaunches, on a fresh port, of a launch that failed before its
             first step with a port or rendezvous error.
@@ -252,7 +255,7 @@ class SubprocessRunner(TrialRunner):
         ``one_at_a_time``)."""
         if not self.one_at_a_time:
             return contextlib.nullcontext()
-        return host_lock(device_units(settings.device))
+        return host_lock(device_units(settings.device), host_lock_deadline(settings.timeout_s))
 
     def guarded(self, cmd: list[str]) -> list[str]:
         """``cmd`` started through the lifeline: it dies with this process, even by SIGKILL."""

@@ -10,16 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autotune.records import Plan
+from autotune.records import FRONT_SIZE, Plan
 from autotune.search._records import TrialRecord
 from autotune.search._space import Predict, Prediction, SearchSpace
 
 DEFAULT_ERROR = 0.15
 """The step-time model's error bar before any trial has measured it: the worst predicted
 ratio of bench/estimate_accuracy.py was 15 % off."""
-
-FRONT_SIZE = 4
-"""Plans of the predicted front enqueued after the policy's plan and the baseline."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from autotune.records import AutotuneError, Plan
+from autotune.records import HEARTBEAT_S, AutotuneError, Plan
 from autotune.search._records import Role, TrialRecord, TrialState
 from autotune.search._runner import pid_alive
 from autotune.search._space import SearchSpace
@@ -27,8 +27,6 @@ DEFAULT_STORAGE = "autotune-tune.db"
 STORAGE_ENV = "AUTOTUNE_STORAGE"
 """The storage used when ``--storage`` is not given: a database URL with a password stays
 out of the command line (and the shell history, and ``ps``)."""
-HEARTBEAT_S = 10
-"""Seconds between a running trial's heartbeats; a trial silent for 3 of them is lost."""
 RETRY_OF = "retry_of"
 """User attribute of a queued trial that re-runs a trial given back or lost (its number)."""
 _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running"}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.records import AutotuneError, Plan, Terminated, sigterm_unwinds
+from autotune.records import Machine, Plan, Terminated, TuneOptions, sigterm_unwinds
 from autotune.search import _shared, _study
 from autotune.search._compare import recommendation
 from autotune.search._final import final_comparison
@@ -16,7 +16,7 @@ from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import TrialRecord, TrialSettings, TuneRecord
 from autotune.search._runner import TrialRunner
 from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
-from autotune.search._steer import FRONT_SIZE, predicted_front, slower_than_best
+from autotune.search._steer import predicted_front, slower_than_best
 
 
 @dataclass(frozen=True)
@@ -186,87 +186,84 @@ class _Search:
 def tune(
     model_file: str,
     *,
-    global_batch: int,
+    options: TuneOptions,
+    machine: Machine,
     settings: TrialSettings,
     runner: TrialRunner,
-    nproc: int = 1,
-    nodes: int = 1,
     blocks: int = 0,
     policy: Plan | None = None,
-    baseline: Plan | None = None,
     predict: Predict | None = None,
-    trials: int = 20,
-    budget_s: float | None = None,
-    storage: str | None = None,
-    study_name: str = "autotune",
-    repeats: int = 3,
-    seed: int | None = None,
-    heartbeat_s: int = _study.HEARTBEAT_S,
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
-    finish: bool = False,
-    front: int = FRONT_SIZE,
-    engines: tuple[str, ...] = ("deepspeed",),
 ) -> TuneRecord:
     """Search plans with real short trials and recommend the fastest that fits.
 
     Args:
-        model_file: the model file every trial builds.
-        global_batch: samples per optimizer step, kept by every plan.
-        settings: steps, warm-up, device, budget and timeout of each trial.
-        runner: launches trials (:class:`SubprocessRunner`, or a fake in tests).
-        nproc: ranks per node of each trial; ZeRO stages are searched when the
-            trial has more than one rank.
-        nodes: nodes of each trial (``runner`` must launch over nodes: :class:`AgentRunner`).
+        model_file: the model every trial builds, as the record names it.
+        options: what the run is asked (global batch, trials, budget, storage, study,
+            repeats, baseline, engines, heartbeat, ...); see :class:`TuneOptions`.
+        machine: ranks per node and nodes of each trial (ZeRO stages are searched when a
+            trial has more than one rank; over nodes ``runner`` must be an
+            :class:`AgentRunner`) and the budget the record reports.
+        settings: steps, warm-up, device, budget and timeout of each trial
+            (:func:`trial_settings`).
+        runner: launches trials (:class:`PoolRunner`, or a fake in tests).
         blocks: L, the blocks of the model's stack (0: no checkpointing knob).
         policy: the policy's plan, run first; its other knobs hold for all trials.
-        baseline: the user's current configuration (default: the whole per-rank
-            batch in one micro-batch, nothing else turned on).
         predict: the estimate; plans it says cannot fit are pruned, never run; its
             predicted front is measured early, and plans it predicts slower than the best
             measured one beyond its error bar are skipped.
-        trials: plans to measure in the study (pruned ones do not count).
-        budget_s: stop starting trials after this many seconds of trial time.
-        engines: who may shard a ZeRO stage: ``deepspeed`` and, when asked, ``fsdp2``
-            (PyTorch's ``fully_shard``; a study knob when trials have several ranks).
-        storage: Optuna RDB URL or sqlite path (default ``autotune-tune.db``);
-            rerunning resumes the study.
-        study_name: the study's name in the storage.
-        repeats: interleaved re-runs of best, baseline and runner-up at the end
-            (0: none, the search's single runs are compared). Run once per study:
-            by the worker that finishes last, read back by every other.
         code_changes: ``plan -> [CodeChange]`` for the recommendation.
-        seed: the sampler's seed (``None``: random, so shared-study workers differ).
-        heartbeat_s: seconds between a running trial's heartbeats; a trial silent for
-            three is lost (its worker killed, on any host), failed and run again.
         progress: called after each trial.
-        finish: start no trial; read the study's final comparison, or run it if no
-            worker is still running trials.
-        front: plans of the predicted front enqueued after the policy's and the baseline.
 
     Returns:
         The record of all trials, the final comparison and the recommendation.
     """
-    space = make_space(global_batch, nproc, blocks, policy, baseline, nodes, engines)
-    per_rank = global_batch // space.world
-    base_plan = baseline or Plan(micro_batch=per_rank, gpus_per_node=nproc, nodes=nodes)
-    if base_plan.global_batch != global_batch:
-        raise AutotuneError(
-            f"--baseline: global batch {base_plan.global_batch} != --global-batch {global_batch}"
-        )
-    if heartbeat_s < 1:
-        raise AutotuneError(f"--heartbeat: must be at least 1 second, got {heartbeat_s}")
-    study = _study.open_study(storage, study_name, seed, heartbeat_s)
+    options.check_machine(machine)
+    space = make_space(options.global_batch, machine.gpus_per_node, blocks, policy,
+                       options.baseline, machine.nodes, options.engines)  # fmt: skip
+    per_rank = options.global_batch // space.world
+    base_plan = options.baseline or Plan(
+        micro_batch=per_rank, gpus_per_node=machine.gpus_per_node, nodes=machine.nodes
+    )
+    name = options.study_name or "autotune"
+    study = _study.open_study(options.storage, name, options.seed, options.heartbeat_s)
     notes: list[str] = []
     _shared.recover(study, notes)
     # SIGTERM unwinds like SIGINT: the running trial is given back, its group killed.
     with sigterm_unwinds():
-        if not finish:
-            _start(study, space, runner, settings, base_plan, notes, predict, front)
-            _run_study(_Search(study, space, runner, settings, predict), trials, budget_s,
-                       progress, notes)  # fmt: skip
-        return _finish(study, space, runner, settings, model_file, repeats, code_changes,
-                       notes, storage, study_name, nproc, global_batch)  # fmt: skip
+        if not options.finish:
+            _start(study, space, runner, settings, base_plan, notes, predict, options.front)
+            _run_study(_Search(study, space, runner, settings, predict), options.trials,
+                       options.budget_s, progress, notes)  # fmt: skip
+        records = _study.records(study)
+        ranked = best_records(records)
+        baseline = next((r for r in records if r.role == "baseline" and r.outcome == "ok"), None)
+        if baseline is None:
+            notes.append("the baseline did not run to completion: no speedup is reported")
+        comparison = final_comparison(study, ranked, baseline, runner, settings,
+                                      options.repeats, notes)  # fmt: skip
+    rec = recommendation(ranked, comparison, model_file, code_changes, notes)
+    tokens = any(r.tokens_per_s is not None for r in ranked)
+    return TuneRecord(
+        model_file=model_file, study=name, storage=_study.shown_storage(options.storage),
+        global_batch=options.global_batch, nproc=machine.gpus_per_node, nodes=machine.nodes,
+        device_memory=settings.device_memory,
+        objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
+        comparison=comparison, recommendation=rec, notes=notes,
+    )  # fmt: skip
+
+
+def trial_settings(model_file: str, options: TuneOptions, machine: Machine,
+                   memory_guard: int | None = None) -> TrialSettings:  # fmt: skip
+    """What every trial of the study shares, from the run's options and its machine."""
+    return TrialSettings(
+        model_file=model_file, steps=options.steps, warmup=options.warmup,
+        device=machine.device, device_memory=machine.device_memory,
+        memory_guard=memory_guard, timeout_s=options.trial_timeout_s,
+        interval_width=options.interval_width,
+        max_steps=max(options.max_steps, options.steps),
+    )  # fmt: skip
 
 
 def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
@@ -354,23 +351,3 @@ def _done(search: _Search, trials: int) -> bool:
         if r.state in ("complete", "pruned") or (r.state == "failed" and r.outcome)
     }
     return measured >= trials or len(decided) >= search.space.size()
-
-
-def _finish(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
-            model_file: str, repeats: int,
-            code_changes: Callable[[Plan], list[Any]] | None, notes: list[str],
-            storage: str | None, study_name: str, nproc: int, global_batch: int) -> TuneRecord:  # fmt: skip
-    records = _study.records(study)
-    ranked = best_records(records)
-    baseline = next((r for r in records if r.role == "baseline" and r.outcome == "ok"), None)
-    if baseline is None:
-        notes.append("the baseline did not run to completion: no speedup is reported")
-    comparison = final_comparison(study, ranked, baseline, runner, settings, repeats, notes)
-    rec = recommendation(ranked, comparison, model_file, code_changes, notes)
-    tokens = any(r.tokens_per_s is not None for r in ranked)
-    return TuneRecord(
-        model_file=model_file, study=study_name, storage=_study.storage_url(storage),
-        global_batch=global_batch, nproc=nproc, nodes=space.nodes, device_memory=settings.device_memory,
-        objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
-        comparison=comparison, recommendation=rec, notes=notes,
-    )  # fmt: skip

@@ -68,7 +68,15 @@ def test_plans_table_and_claim_check(profile_json: Path) -> None:
 def test_all_plans_for_several_devices(profile_json: Path) -> None:
     result = runner.invoke(
         app,
-        ["estimate", "--profile", str(profile_json), "--all-plans", "--world-size", "4", "--json"],
+        [
+            "estimate",
+            "--profile",
+            str(profile_json),
+            "--all-plans",
+            "--nproc-per-node",
+            "4",
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
     plans = json.loads(result.stdout)["plans"]
@@ -81,7 +89,7 @@ def test_all_plans_for_several_devices(profile_json: Path) -> None:
     [
         (["--plan", "stage=9"], "--plan"),
         (["--check", "stage=3"], "memory=SIZE"),
-        (["--world-size", "2", "--nodes", "2"], "--world-size"),
+        (["--world-size", "2"], "--world-size: renamed"),
         (["--device-memory", "lots"], "--device-memory"),
         (["--seq-len", "128"], "--seq-len"),
         (["--check", "tokens_per_s=fast"], "tokens_per_s=fast"),
@@ -130,7 +138,7 @@ def test_llama_7b_config_on_four_devices() -> None:
             "4096",
             "-b",
             "1",
-            "--world-size",
+            "--nproc-per-node",
             "4",
             "--plan",
             "precision=bf16,stage=2",
@@ -198,7 +206,7 @@ def test_train_days_from_the_measured_throughput(profile_json: Path) -> None:
 @pytest.mark.slow
 def test_train_days_from_an_assumed_mfu_on_llama_7b() -> None:
     args = ["estimate", "--hf-config", str(CONFIGS / "llama2_7b.json"), "--seq-len", "4096",
-            "-b", "1", "--gpus-per-node", "8", "--plan", "stage=2,precision=bf16",
+            "-b", "1", "--nproc-per-node", "8", "--plan", "stage=2,precision=bf16",
             "--train-tokens", "300B", "--mfu", "0.4", "--peak-tflops", "312", "--json"]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

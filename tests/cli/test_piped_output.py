@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from _profiles import synthetic_profile
 
-from autotune.records import Plan
+from autotune.records import Plan, parse_plan
 from autotune.search import TrialRecord, TuneRecord
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
-WIDE = ["--all-plans", "--gpus-per-node", "8", "--nodes", "4", "--train-tokens", "300B",
+WIDE = ["--all-plans", "--nproc-per-node", "8", "--nnodes", "4", "--train-tokens", "300B",
         "--mfu", "0.4", "--peak-tflops", "312"]  # fmt: skip
 
 
@@ -36,14 +36,20 @@ def test_estimate_table_through_a_pipe_shows_every_figure_whole(tmp_path: Path) 
     assert "…" not in text and "..." not in text
     rows = [line for line in text.splitlines() if line.startswith("│")]
     assert len(rows) == len(record["plans"])
-    for row, plan in zip(rows, record["plans"], strict=True):
+    # --all-plans ranks the rows: each is matched to its plan by the plan column
+    by_plan = {Plan.model_validate(plan["plan"]): plan for plan in record["plans"]}
+    for row in rows:
         cells = [cell.strip() for cell in row.strip("│").split("│")]
+        precision, *knobs = cells[1].split()
+        text = ",".join([f"precision={precision}", *knobs])
+        plan = by_plan.pop(parse_plan(text, Plan(gpus_per_node=8, nodes=4)))
         memory = plan["memory"]
         # The table is in GiB here (the largest peak is over 1 GiB), two decimals.
-        assert cells[5] == f"{memory['peak'] / 2**30:.2f}"
-        assert cells[3] == f"{memory['optimizer_states'] / 2**30:.2f}"
-        assert cells[8] == f"{plan['communication_bytes_per_step'] / 2**30:.2f}"
-        assert cells[9] == f"{plan['train_days']:.1f}"
+        assert cells[6] == f"{memory['peak'] / 2**30:.2f}"
+        assert cells[4] == f"{memory['optimizer_states'] / 2**30:.2f}"
+        assert cells[10] == f"{plan['communication_bytes_per_step'] / 2**30:.2f}"
+        assert cells[11] == f"{plan['train_days']:.1f}"
+    assert not by_plan
 
 
 def test_tune_table_keeps_figures_whole_and_wraps_text(capsys: pytest.CaptureFixture[str]) -> None:

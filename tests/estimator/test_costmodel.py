@@ -4,7 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import estimator as cm
+from autotune.estimator import offload_bytes_per_step, train_days
+from autotune.estimator._costmodel import (
+    ActivationFigures,
+    BaselineTime,
+    activation_peak,
+    flops_per_token,
+    saved_activations,
+    step_seconds,
+    tokens_per_second_at_mfu,
+    transfer_seconds,
+)
+from autotune.estimator._zero import (
+    communication_elements,
+    model_state_bytes,
+    paper_floor,
+    zero3_bytes,
+    zero_bucket_bytes,
+)
 
 GB = 1e9
 
@@ -15,15 +32,15 @@ GB = 1e9
 )
 def test_paper_floor_reproduces_the_zero_paper_example(stage: int, expected_gb: float) -> None:
     # ZeRO paper, Figure 1: psi = 7.5B, N = 64, K = 12
-    floor = cm.paper_floor(7.5e9, stage, 64)
+    floor = paper_floor(7.5e9, stage, 64)
     assert floor.total / GB == pytest.approx(expected_gb, abs=0.05)
     assert floor.accounting == "paper"
 
 
 def test_method_section_6_figures() -> None:
     # 16 psi for psi = 6.74B is ~108 GB; ZeRO-2 on 4 devices ~37 GB (model states only)
-    assert cm.paper_floor(6.74e9, 0, 1).total / GB == pytest.approx(107.84)
-    assert cm.paper_floor(6.74e9, 2, 4).total / GB == pytest.approx(37.07, abs=0.01)
+    assert paper_floor(6.74e9, 0, 1).total / GB == pytest.approx(107.84)
+    assert paper_floor(6.74e9, 2, 4).total / GB == pytest.approx(37.07, abs=0.01)
 
 
 @pytest.mark.parametrize(
@@ -32,50 +49,60 @@ def test_method_section_6_figures() -> None:
         (1, 8, 2 + 2 + 16 / 8),  # optimizer states + fp32 gradient partition sharded
         (2, 8, 2 + 18 / 8),  # DeepSpeed PR #5099 estimator
         (2, 64, 2 + 18 / 64),
-        (3, 16, 18 / 16),  # plus the gathered largest layer, tested below
     ],
 )
 def test_deepspeed_accounting_for_16bit_weights(stage: int, n: int, bytes_per_param: float) -> None:
     psi = 1e9
-    states = cm.model_state_bytes(
+    states = model_state_bytes(
         parameters=psi, trainable=psi, precision="bf16", zero_stage=stage, world_size=n
     )
     assert states.total == pytest.approx(bytes_per_param * psi)
     assert states.accounting == "deepspeed"
 
 
-def test_stage3_holds_four_bytes_per_parameter_of_the_largest_layer() -> None:
-    psi, largest = 1e9, 5e7
-    with_layer = cm.model_state_bytes(
-        parameters=psi,
-        trainable=psi,
-        precision="bf16",
-        zero_stage=3,
-        world_size=8,
-        largest_layer=largest,
-    )
-    without = cm.model_state_bytes(
-        parameters=psi, trainable=psi, precision="bf16", zero_stage=3, world_size=8
-    )
-    assert with_layer.total - without.total == pytest.approx(4 * largest)
+def test_stage3_at_its_step_holds_deepspeeds_estimate_plus_its_16bit_gradient_partition() -> None:
+    # DeepSpeed's estimate_zero3_model_states_mem_needs: 18/N per parameter (fp32 master,
+    # moments, fp32 gradients, 16-bit partition) plus 4 x the largest layer gathered. The
+    # engine also keeps a 16-bit gradient partition buffer (2/N, stage3.py:791) its
+    # estimator leaves out; at the optimizer step nothing is gathered.
+    psi, n = 1e9, 16
+    moments, _ = zero3_bytes(parameters=psi, trainable=psi, precision="bf16", world_size=n)
+    step = moments["optimizer"]
+    held = step["parameters"] + step["gradients"] + step["optimizer_states"]
+    assert held == pytest.approx(18 / n * psi + 2 / n * psi)
+
+
+def test_stage3_gathers_every_parameter_from_forward_to_backward() -> None:
+    # stage3_max_reuse_distance at its default releases nothing before its backward
+    # (partitioned_param_coordinator.py:652): the whole model's 16-bit weights are live.
+    psi, n = 1e9, 8
+    moments, parts = zero3_bytes(parameters=psi, trainable=psi, precision="bf16", world_size=n)
+    gathered = moments["backward"]["parameters"] - moments["optimizer"]["parameters"]
+    assert gathered == pytest.approx(2 * psi)
+    # The reported parts are each category's largest over the same moments.
+    assert parts.parameters == pytest.approx(2 * psi / n + 2 * psi)
+    assert parts.gradients == pytest.approx((2 + 4) * psi / n)
+    assert parts.optimizer_states == pytest.approx((4 + 8) * psi / n)
+    assert model_state_bytes(parameters=psi, trainable=psi, precision="bf16", zero_stage=3,
+                             world_size=n) == parts  # fmt: skip
 
 
 @pytest.mark.parametrize("precision", ["fp32", "amp_bf16", "amp_fp16"])
 def test_plain_torch_adam_holds_16_bytes_per_parameter(precision: str) -> None:
-    states = cm.model_state_bytes(parameters=1e6, trainable=1e6, precision=precision)
+    states = model_state_bytes(parameters=1e6, trainable=1e6, precision=precision)
     assert (states.parameters, states.gradients, states.optimizer_states) == (4e6, 4e6, 8e6)
     assert states.accounting == "torch"
 
 
 def test_frozen_parameters_carry_no_gradients_or_optimizer_state() -> None:
-    states = cm.model_state_bytes(parameters=1e6, trainable=2.5e5, precision="fp32")
+    states = model_state_bytes(parameters=1e6, trainable=2.5e5, precision="fp32")
     assert states.parameters == 4e6
     assert states.gradients == 1e6
     assert states.optimizer_states == 2e6
 
 
 def test_measured_optimizer_state_replaces_adam_assumption() -> None:
-    sgd = cm.model_state_bytes(
+    sgd = model_state_bytes(
         parameters=1e6, trainable=1e6, precision="fp32", optimizer_bytes_per_param=4.0
     )
     assert sgd.optimizer_states == 4e6
@@ -85,14 +112,17 @@ def test_measured_optimizer_state_replaces_adam_assumption() -> None:
     ("stage", "offload_param", "expected"),
     [
         (2, False, 2e9),  # DeepSpeed's zero2 estimator with cpu_offload: 16-bit weights only
-        (3, False, 2e9 / 4 + 4 * 5e7),  # zero3, optimizer offloaded: partition + largest layer
-        (3, True, 4 * 5e7),  # zero3, both offloaded: the largest layer gathered
+        # zero3: DeepSpeed's estimator counts 4 x the largest layer gathered; the engine, with
+        # stage3_max_reuse_distance at its default, keeps every parameter gathered up to
+        # stage3_max_live_parameters (1e9, here the whole model) from forward to backward.
+        (3, False, 2e9 / 4 + 2e9),  # optimizer offloaded: partition + gathered weights
+        (3, True, 2e9),  # both offloaded: the gathered weights
     ],
 )
 def test_offload_matches_deepspeed_estimators(
     stage: int, offload_param: bool, expected: float
 ) -> None:
-    states = cm.model_state_bytes(
+    states = model_state_bytes(
         parameters=1e9,
         trainable=1e9,
         precision="bf16",
@@ -106,7 +136,7 @@ def test_offload_matches_deepspeed_estimators(
     assert states.total == pytest.approx(expected)
 
 
-FIG = cm.ActivationFigures(
+FIG = ActivationFigures(
     fixed=1000.0,
     per_sample=10_000.0,
     blocks=4,
@@ -130,12 +160,12 @@ FIG = cm.ActivationFigures(
 def test_saved_activations_with_k_of_l_blocks_checkpointed(
     micro_batch: int, k: int, expected: float
 ) -> None:
-    assert cm.saved_activations(FIG, micro_batch, k) == pytest.approx(expected)
+    assert saved_activations(FIG, micro_batch, k) == pytest.approx(expected)
 
 
 def test_activation_peak_adds_one_recomputed_block_only_when_checkpointing() -> None:
-    assert cm.activation_peak(FIG, 2, 0) == cm.saved_activations(FIG, 2, 0)
-    assert cm.activation_peak(FIG, 2, 4) == pytest.approx(cm.saved_activations(FIG, 2, 4) + 4000.0)
+    assert activation_peak(FIG, 2, 0) == saved_activations(FIG, 2, 0)
+    assert activation_peak(FIG, 2, 4) == pytest.approx(saved_activations(FIG, 2, 4) + 4000.0)
 
 
 @pytest.mark.parametrize(
@@ -151,17 +181,17 @@ def test_activation_peak_adds_one_recomputed_block_only_when_checkpointing() -> 
     ],
 )
 def test_communication_elements(stage: int, world: int, accum: int, elements: float) -> None:
-    assert cm.communication_elements(1.0, stage, world, accum) == elements
+    assert communication_elements(1.0, stage, world, accum) == elements
 
 
 def test_transfer_seconds_uses_gigabits() -> None:
-    assert cm.transfer_seconds(12.5e9, 100.0) == pytest.approx(1.0)
-    assert cm.transfer_seconds(1.0, None) is None
-    assert cm.transfer_seconds(0.0, None) == 0.0
+    assert transfer_seconds(12.5e9, 100.0) == pytest.approx(1.0)
+    assert transfer_seconds(1.0, None) is None
+    assert transfer_seconds(0.0, None) == 0.0
 
 
 def test_offload_traffic_counts_gradients_down_and_weights_up() -> None:
-    traffic = cm.offload_bytes_per_step(
+    traffic = offload_bytes_per_step(
         parameters=1e9,
         trainable=1e9,
         precision="bf16",
@@ -173,7 +203,7 @@ def test_offload_traffic_counts_gradients_down_and_weights_up() -> None:
     assert traffic == pytest.approx((2 * 2 + 2) * 1e9 / 4)
 
 
-BASE = cm.BaselineTime(
+BASE = BaselineTime(
     dataloader=0.1,
     forward=1.0,
     backward=2.0,
@@ -185,32 +215,32 @@ BASE = cm.BaselineTime(
 
 
 def test_step_seconds_of_the_baseline_is_its_own_step() -> None:
-    assert cm.step_seconds(BASE, micro_batch=4) == pytest.approx(BASE.step) == pytest.approx(3.6)
+    assert step_seconds(BASE, micro_batch=4) == pytest.approx(BASE.step) == pytest.approx(3.6)
 
 
 def test_recompute_costs_the_forward_of_the_checkpointed_blocks() -> None:
     # 2 of 4 blocks, the stack is 80 % of the forward: + 2 * 0.2 s
-    assert cm.step_seconds(BASE, micro_batch=4, checkpoint_blocks=2) == pytest.approx(4.0)
+    assert step_seconds(BASE, micro_batch=4, checkpoint_blocks=2) == pytest.approx(4.0)
 
 
 def test_baseline_recompute_is_taken_out_before_scaling() -> None:
-    checkpointed = cm.BaselineTime(**{**BASE.__dict__, "backward": 2.8, "checkpoint_blocks": 4})
-    assert cm.step_seconds(checkpointed, micro_batch=4, checkpoint_blocks=0) == pytest.approx(3.6)
+    checkpointed = BaselineTime(**{**BASE.__dict__, "backward": 2.8, "checkpoint_blocks": 4})
+    assert step_seconds(checkpointed, micro_batch=4, checkpoint_blocks=0) == pytest.approx(3.6)
 
 
 def test_accumulation_and_optimizer_sharding() -> None:
-    seconds = cm.step_seconds(
+    seconds = step_seconds(
         BASE, micro_batch=2, grad_accum=2, optimizer_scale=0.25, extra_seconds=1.0
     )
     assert seconds == pytest.approx(2 * 1.55 + 0.125 + 1.0)
 
 
 def test_train_days_from_mfu() -> None:
-    per_token = cm.flops_per_token(1e9)
+    per_token = flops_per_token(1e9)
     assert per_token == 6e9
-    rate = cm.tokens_per_second_at_mfu(0.5, 1e15, 8, per_token)
-    assert cm.train_days(rate * 86_400 * 3, rate) == pytest.approx(3.0)
-    assert cm.flops_per_token(1e9, layers=2, hidden=10, seq_len=100) == 6e9 + 12 * 2 * 10 * 100
+    rate = tokens_per_second_at_mfu(0.5, 1e15, 8, per_token)
+    assert train_days(rate * 86_400 * 3, rate) == pytest.approx(3.0)
+    assert flops_per_token(1e9, layers=2, hidden=10, seq_len=100) == 6e9 + 12 * 2 * 10 * 100
 
 
 @pytest.mark.parametrize(
@@ -225,12 +255,12 @@ def test_train_days_from_mfu() -> None:
     ],
 )
 def test_zero_bucket_bytes(stage: int, precision: str, bytes_per_element: int) -> None:
-    got = cm.zero_bucket_bytes(zero_stage=stage, bucket_elements=1000, precision=precision)
+    got = zero_bucket_bytes(zero_stage=stage, bucket_elements=1000, precision=precision)
     assert got == 1000 * bytes_per_element
 
 
 def test_one_bucket_without_overlap_comm() -> None:
-    got = cm.zero_bucket_bytes(
+    got = zero_bucket_bytes(
         zero_stage=2, bucket_elements=1000, precision="fp16", overlap_comm=False
     )
     assert got == 1000 * 2
@@ -238,8 +268,8 @@ def test_one_bucket_without_overlap_comm() -> None:
 
 def test_deepspeed_fp32_gradient_partition_exists_only_in_the_step() -> None:
     kw = {"parameters": 1e6, "trainable": 1e6, "precision": "bf16", "world_size": 4}
-    two = cm.model_state_bytes(zero_stage=2, **kw)  # type: ignore[arg-type]
+    two = model_state_bytes(zero_stage=2, **kw)  # type: ignore[arg-type]
     assert two.step_gradients == 4 * 1e6 / 4
     assert two.gradients - two.step_gradients == 2 * 1e6 / 4
-    three = cm.model_state_bytes(zero_stage=3, **kw)  # type: ignore[arg-type]
-    assert three.step_gradients == 0.0  # stage 3 holds its fp32 partition throughout
+    three = model_state_bytes(zero_stage=3, **kw)  # type: ignore[arg-type]
+    assert three.step_gradients == 4 * 1e6 / 4  # stage 3's too: made at the step

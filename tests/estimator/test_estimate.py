@@ -18,7 +18,7 @@ from autotune.estimator import (
     fit_step_time,
     plan_grid,
 )
-from autotune.records import AtPeak, Plan, ProfileRecord
+from autotune.records import AtPeak, Machine, Plan, ProfileRecord
 
 
 @pytest.mark.parametrize(
@@ -155,10 +155,14 @@ def test_fits_against_a_budget_with_the_margin() -> None:
     facts = facts_from_profile(make_profile())
     peak = estimate_plan(facts, Plan(micro_batch=4)).memory.peak
     budget = int(peak / 0.9) + 10
-    fits = estimate_plan(facts, Plan(micro_batch=4), device_memory=budget, margin=0.1)
+    fits = estimate_plan(
+        facts, Plan(micro_batch=4), machine=Machine(device_memory=budget, margin=0.1)
+    )
     assert fits.fits is True
     assert fits.headroom_bytes is not None and 0 <= fits.headroom_bytes < 20
-    tight = estimate_plan(facts, Plan(micro_batch=4), device_memory=budget - 20, margin=0.1)
+    tight = estimate_plan(
+        facts, Plan(micro_batch=4), machine=Machine(device_memory=budget - 20, margin=0.1)
+    )
     assert tight.fits is False
     assert estimate_plan(facts, Plan(micro_batch=4)).fits is None
 
@@ -166,7 +170,7 @@ def test_fits_against_a_budget_with_the_margin() -> None:
 def test_communication_per_step_for_zero_stages() -> None:
     facts = facts_from_profile(make_profile())
     plan = Plan(micro_batch=4, zero_stage=3, gpus_per_node=8, grad_accum=2, precision="bf16")
-    result = estimate_plan(facts, plan, intra_gbps=800.0)
+    result = estimate_plan(facts, plan, machine=Machine(intra_gbps=800.0))
     assert result.communication_bytes_per_step == 3 * P * 2 * 2
     assert result.communication_seconds == pytest.approx(12 * P / 100e9)
     single = estimate_plan(facts, Plan(micro_batch=4))
@@ -197,7 +201,7 @@ def test_estimate_record_with_claim_and_train_days() -> None:
     record = estimate(
         facts,
         plans,
-        device_memory=80 * 10**9,
+        machine=Machine(device_memory=80 * 10**9),
         train_tokens=300 * 10**9,
         mfu=0.4,
         peak_flops=312e12,
@@ -344,14 +348,43 @@ def test_the_link_between_nodes_times_communication_only_for_plans_over_nodes() 
     facts = facts_from_profile(make_profile())
     over_nodes = Plan(micro_batch=4, zero_stage=2, gpus_per_node=1, nodes=2)
     one_node = Plan(micro_batch=4, zero_stage=2, gpus_per_node=2)
-    slow = estimate_plan(facts, over_nodes, inter_gbps=10.0, intra_gbps=1000.0)
-    fast = estimate_plan(facts, over_nodes, inter_gbps=100.0, intra_gbps=1000.0)
+    slow = estimate_plan(facts, over_nodes, machine=Machine(inter_gbps=10.0, intra_gbps=1000.0))
+    fast = estimate_plan(facts, over_nodes, machine=Machine(inter_gbps=100.0, intra_gbps=1000.0))
     assert slow.communication_bytes_per_step == fast.communication_bytes_per_step > 0
     # Same bytes over a link 10x slower: 10x the seconds (bytes * 8 / bits per second).
     expected = slow.communication_bytes_per_step * 8 / 10e9
     assert slow.communication_seconds == pytest.approx(expected)
     assert fast.communication_seconds == pytest.approx(expected / 10)
-    inside = estimate_plan(facts, one_node, inter_gbps=10.0, intra_gbps=1000.0)
+    inside = estimate_plan(facts, one_node, machine=Machine(inter_gbps=10.0, intra_gbps=1000.0))
     assert inside.communication_seconds == pytest.approx(
         inside.communication_bytes_per_step * 8 / 1000e9
     )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_zero3_parts_and_peak_come_from_one_accounting(precision: str) -> None:
+    from autotune.estimator._peakmodel import moments
+    from autotune.estimator._zero import bucket_elements, zero3_bytes
+
+    facts = traced_facts()
+    plan = Plan(precision=precision, zero_stage=3, gpus_per_node=4, micro_batch=2)
+    est = estimate_plan(facts, plan)
+    engine, parts = zero3_bytes(
+        parameters=facts.parameters, trainable=facts.trainable_parameters, precision=precision,
+        world_size=4, bucket_elements=bucket_elements(facts.parameters),
+        optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+    )  # fmt: skip
+    # The reported parts are ZeRO-3's own: the gathered weights, both gradient partitions, the
+    # master and moments.
+    assert est.memory.parameters == round(parts.parameters)
+    assert est.memory.gradients == round(parts.gradients)
+    assert est.memory.optimizer_states == round(parts.optimizer_states)
+    # The peak is taken over moments whose states are the same function's, moment by moment.
+    step_moments, _, _ = moments(facts, plan)
+    for name, held in (("backward", "backward"), ("reduce", "reduce"), ("optimizer", "optimizer")):
+        for category in ("parameters", "gradients", "optimizer_states"):
+            assert step_moments[name][category] == engine[held][category]
+    # and the peak holds at least the states of ZeRO-3's fullest moment (the gathered weights).
+    fullest = max(sum(engine[m][c] for c in ("parameters", "gradients", "optimizer_states"))
+                  for m in engine)  # fmt: skip
+    assert est.memory.peak >= fullest + facts.buffers

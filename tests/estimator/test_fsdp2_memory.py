@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.estimator import fsdp2_engine_bytes, fsdp2_state_bytes
+from autotune.estimator._fsdp import fsdp2_engine_bytes, fsdp2_state_bytes
 from autotune.records import AutotuneError, parse_plan
 
 
@@ -51,7 +51,8 @@ def test_accumulation_keeps_the_gradient_shards_through_backward() -> None:
 
 
 def test_deepspeeds_accounting_refuses_an_fsdp2_plan() -> None:
-    from autotune.estimator import ModelFacts, states_for
+    from autotune.estimator import ModelFacts
+    from autotune.estimator._zero import states_for
 
     facts = ModelFacts(name="m", parameters=1000, trainable_parameters=1000, activations={})
     with pytest.raises(AutotuneError, match="plan_states"):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.estimator import ActivationSpec, Claim, ModelFacts, check_claim, table_peak_flops
+from autotune.estimator import ActivationSpec, Claim, ModelFacts, table_peak_flops
+from autotune.estimator._claims import check_claim
 from autotune.records import AutotuneError, Plan
 
 CONFIG = json.loads(

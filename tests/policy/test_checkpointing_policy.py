@@ -11,14 +11,14 @@ from _profiles import GB, synthetic_profile
 
 from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
 from autotune.policy import suggest
-from autotune.records import Plan, ProfileRecord
+from autotune.records import Machine, Plan, ProfileRecord
 
 CPU: dict[str, Any] = {"device": "cpu", "bf16_ratio": 0.15}
 
 
 @pytest.fixture(autouse=True)
 def available(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("autotune.policy._advisor.available_memory", lambda: 64 * GB)
+    monkeypatch.setattr("autotune.records._machine.available_memory", lambda: 64 * GB)
 
 
 def _checkpointing(record: Any) -> list[Any]:
@@ -81,7 +81,7 @@ def test_checkpointing_buys_a_larger_micro_batch_only_when_predicted_faster() ->
     fewer = estimate_plan(
         fit_step_time(facts_from_profile(base), other),
         plan.with_changes(checkpoint_blocks=plan.checkpoint_blocks - 1),
-        device_memory=30 * GB,
+        machine=Machine(device_memory=30 * GB),
     )
     assert fewer.fits is False
 

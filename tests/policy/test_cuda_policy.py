@@ -70,10 +70,13 @@ def test_a_volta_gpu_is_not_counted_as_fast_bf16_but_an_ampere_one_is() -> None:
     assert ampere[0].rule == "mixed_precision" and ampere[0].change == {"precision": "amp_bf16"}
 
 
-def test_the_budget_defaults_to_a_profiled_gpus_memory(tmp_path: Path) -> None:
+def test_the_budget_defaults_to_a_profiled_gpus_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from autotune.api import tune_model
     from autotune.report import ReportInputs, collect
-    from autotune.search import FakeRunner, TrialResult
+    from autotune.search import TrialResult
+    from autotune.search._runner import FakeRunner
 
     gpu, cpu = synthetic_profile(), synthetic_profile(device="cpu")
     assert gpu.environment.device_memory_bytes == 80 * GB
@@ -94,7 +97,9 @@ def test_the_budget_defaults_to_a_profiled_gpus_memory(tmp_path: Path) -> None:
 
     model = tmp_path / "model.py"
     model.write_text("# never imported: the fake runner does not build it\n")
-    for profile, budget in [(gpu, 80 * GB), (cpu, None)]:
+    # On a CPU the budget is this machine's available memory (as the policy plans for it).
+    monkeypatch.setattr("autotune.records._machine.available_memory", lambda: 7 * GB)
+    for profile, budget in [(gpu, 80 * GB), (cpu, 7 * GB)]:
         path = write_record(tmp_path / f"{profile.config.device}.json", profile)
         record = tune_model(str(model), global_batch=8, profile_path=str(path),
                             runner=FakeRunner(ok), trials=1, repeats=1,

@@ -112,7 +112,7 @@ def test_first_suggestion(
 ) -> None:
     options = dict(options)
     available = options.pop("available", 64 * GB)
-    monkeypatch.setattr("autotune.policy._advisor.available_memory", lambda: available)
+    monkeypatch.setattr("autotune.records._machine.available_memory", lambda: available)
     record = suggest(synthetic_profile(**profile_knobs), **options)
     if rule is None:
         assert record.suggestions == []
@@ -199,7 +199,7 @@ def test_cli_json_has_suggestions_in_order(tmp_path: Path) -> None:
     path = write_record(
         tmp_path / "p.json", synthetic_profile(dataloader=0.5, parameters=7_000_000_000)
     )
-    result = CliRunner().invoke(app, ["suggest", str(path), "--world-size", "8", "--json"])
+    result = CliRunner().invoke(app, ["suggest", str(path), "--nproc-per-node", "8", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     rules = [item["rule"] for item in data["suggestions"]]
@@ -273,7 +273,7 @@ def test_a_zero_stage_names_its_fsdp2_alternative_for_torch_and_accelerate(
 def test_suggest_cli_prints_the_fsdp2_alternative(tmp_path: Path) -> None:
     profile = synthetic_profile(**SLOW_BF16_CPU, parameters=70_000_000_000, layers=80)
     path = write_record(tmp_path / "profile.json", profile)
-    args = ["suggest", str(path), "--device-memory", "80GB", "--world-size", "16"]
+    args = ["suggest", str(path), "--device-memory", "80GB", "--nproc-per-node", "16"]
     result = CliRunner().invoke(app, [*args, "--framework", "torch"])
     assert result.exit_code == 0, result.output
     assert "or with PyTorch's FSDP2: " in result.stdout and "engine=fsdp2" in result.stdout

@@ -28,13 +28,8 @@ from autotune.runtime.modelfile import load_model_file, rebuild_loader
 from autotune.runtime.trial import steps as trial_steps
 from autotune.runtime.trial import worker as trial_worker
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search import (
-    SubprocessRunner,
-    TrialResult,
-    TrialSettings,
-    WorkerSpec,
-    classify_outcome,
-)
+from autotune.search import SubprocessRunner, TrialResult, TrialSettings, WorkerSpec
+from autotune.search._outcome import classify_outcome
 
 CUDA = torch.device("cuda", 0)
 GiB = 1 << 30

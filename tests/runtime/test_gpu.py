@@ -159,7 +159,7 @@ def cuda_trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(TRIAL_PLANS))
 def test_trials_train_on_the_gpu_in_every_precision(cuda_trials: dict[str, Any], name: str) -> None:
-    from autotune.search import classify_outcome
+    from autotune.search._outcome import classify_outcome
 
     report = cuda_trials[name]
     result = report.result
@@ -172,7 +172,7 @@ def test_trials_train_on_the_gpu_in_every_precision(cuda_trials: dict[str, Any],
 
 
 def test_a_real_cuda_out_of_memory_is_classified_oom(cuda_trials: dict[str, Any]) -> None:
-    from autotune.search import classify_outcome, outcome_reason
+    from autotune.search._outcome import classify_outcome, outcome_reason
 
     report = cuda_trials["oom"]
     outcome = classify_outcome(

@@ -21,7 +21,7 @@ import pytest
 from _processes import gone_within
 
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search import LIFELINE_ENV
+from autotune.search._runner import LIFELINE_ENV
 
 LIFELINE_MODULE = ENTRY_POINTS.lifeline
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import estimator as cm
 from autotune.estimator import ActivationSpec
+from autotune.estimator._costmodel import saved_activations
 from autotune.records import AutotuneError
 from autotune.runtime import _memory as mem
 from autotune.runtime._blocks import apply_checkpointing
@@ -39,7 +39,7 @@ def measured(path: Path, precision: str, batch_size: int, blocks: int) -> tuple[
 
 
 def predicted(spec: ActivationSpec, layers: int, batch_size: int, blocks: int) -> float:
-    return cm.saved_activations(spec.figures(layers), batch_size, blocks)
+    return saved_activations(spec.figures(layers), batch_size, blocks)
 
 
 @pytest.mark.slow

@@ -11,15 +11,9 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.records import AutotuneError
-from autotune.search import (
-    TrialResult,
-    classify_outcome,
-    merge_reports,
-    outcome_reason,
-    parse_endpoint,
-    run_job,
-    versions,
-)
+from autotune.search import TrialResult, parse_endpoint, versions
+from autotune.search._agents import merge_reports, run_job
+from autotune.search._outcome import classify_outcome, outcome_reason
 
 JOB = {"id": "j1", "nnodes": 2, "rdzv_endpoint": "127.0.0.1:29400", "join_timeout": 30.0}
 
@@ -90,7 +84,7 @@ def test_bad_endpoints_are_refused(endpoint: str, message: str) -> None:
     [
         (["--nnodes", "2"], "--nnodes 2: give --rdzv-endpoint HOST:PORT"),
         (["--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:29400"], "cannot resolve host"),
-        (["--nnodes", "3"], "--global-batch 4 does not split over --nproc 1 x --nnodes 3"),
+        (["--nnodes", "3"], "--global-batch 4 does not split over --nproc-per-node 1 x --nnodes 3"),
         (["--heartbeat", "0"], "--heartbeat: must be >= 1 (got 0)"),
     ],
 )

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _search import run_tune
 
 from autotune.records import AutotuneError, Plan
-from autotune.search import FakeRunner, TrialResult, TrialSettings, make_space, tune
+from autotune.search import TrialResult, TrialSettings
+from autotune.search._runner import FakeRunner
+from autotune.search._space import make_space
 
 
 def test_the_space_holds_fsdp2_plans_only_when_asked() -> None:
@@ -36,7 +39,7 @@ def test_the_study_measures_fsdp2_plans_when_asked(tmp_path: Path) -> None:
 
     runner = FakeRunner(behaviour)
     settings = TrialSettings(model_file=str(tmp_path / "m.py"), device_memory=1000, timeout_s=5)
-    record = tune(
+    record = run_tune(
         "m.py", global_batch=8, settings=settings, runner=runner, nproc=2, trials=12,
         storage=str(tmp_path / "s.db"), repeats=1, seed=0, engines=("deepspeed", "fsdp2"),
     )  # fmt: skip

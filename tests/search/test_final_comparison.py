@@ -14,18 +14,24 @@ import textwrap
 from pathlib import Path
 
 import optuna
+from _search import run_tune
 
 from autotune.records import Plan
-from autotune.search import FakeRunner, TrialResult, TrialSettings, tune
+from autotune.search import TrialResult, TrialSettings
 from autotune.search._final import ATTR, claim, comparison_key
 from autotune.search._records import TrialRecord
+from autotune.search._runner import FakeRunner
 from autotune.search._tune import best_records
 
 WORKER = textwrap.dedent(
     """
     import json, os, sys
     from autotune.records import Plan
-    from autotune.search import FakeRunner, TrialResult, TrialSettings, tune
+    from autotune.search import TrialResult, TrialSettings
+    from autotune.search._runner import FakeRunner
+
+    sys.path.insert(0, os.environ["AUTOTUNE_TESTS"])
+    from _search import run_tune
 
     storage = sys.argv[1]
 
@@ -34,7 +40,7 @@ WORKER = textwrap.dedent(
         return TrialResult(completed_steps=2, samples_per_s=speed, peak_memory_bytes=[1])
 
     runner = FakeRunner(behaviour, delay_s=0.3)
-    record = tune("m.py", global_batch=4, settings=TrialSettings(model_file="m.py", timeout_s=5),
+    record = run_tune("m.py", global_batch=4, settings=TrialSettings(model_file="m.py", timeout_s=5),
                   runner=runner, blocks=1, baseline=Plan(micro_batch=1, grad_accum=4), trials=6,
                   storage=storage, repeats=2)
     mine = [t for t in record.trials if t.outcome is not None]
@@ -61,7 +67,11 @@ def test_two_workers_run_the_final_comparison_once(tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     storage = tmp_path / "shared.db"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "AUTOTUNE_TESTS": str(Path(__file__).parent.parent),
+    }
     procs = [subprocess.Popen([sys.executable, str(script), str(storage)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]  # fmt: skip
@@ -86,7 +96,7 @@ def test_two_workers_run_the_final_comparison_once(tmp_path: Path) -> None:
         assert any("--finish" in note for note in other["notes"])
     # finish=True (`autotune tune --finish`) reads it back without measuring anything.
     runner = FakeRunner(behaviour)
-    record = tune("m.py", global_batch=4, settings=TrialSettings(model_file="m.py", timeout_s=5),
+    record = run_tune("m.py", global_batch=4, settings=TrialSettings(model_file="m.py", timeout_s=5),
                   runner=runner, blocks=1, baseline=Plan(micro_batch=1, grad_accum=4), trials=6,
                   storage=str(storage), repeats=2, finish=True)  # fmt: skip
     assert runner.plans == []
@@ -98,16 +108,16 @@ def test_two_workers_run_the_final_comparison_once(tmp_path: Path) -> None:
 def test_a_rerun_reads_the_comparison_instead_of_measuring_again(tmp_path: Path) -> None:
     options = {"global_batch": 8, "settings": TrialSettings(model_file="m.py", timeout_s=5),
                "blocks": 1, "trials": 4, "storage": str(tmp_path / "s.db"), "repeats": 2}  # fmt: skip
-    first = tune("m.py", runner=FakeRunner(behaviour), **options)  # type: ignore[arg-type]
+    first = run_tune("m.py", runner=FakeRunner(behaviour), **options)  # type: ignore[arg-type]
     again = FakeRunner(behaviour)
-    second = tune("m.py", runner=again, **options)  # type: ignore[arg-type]
+    second = run_tune("m.py", runner=again, **options)  # type: ignore[arg-type]
     assert again.plans == [], "a finished study was measured again"
     assert second.comparison == first.comparison
     assert any("read from the study" in note for note in second.notes)
     # A comparison that would measure something else (here: more repeats) is run anew,
     # and only that: the search is complete, so no trial is launched.
     more = FakeRunner(behaviour)
-    third = tune("m.py", runner=more, **{**options, "repeats": 3})  # type: ignore[arg-type]
+    third = run_tune("m.py", runner=more, **{**options, "repeats": 3})  # type: ignore[arg-type]
     assert third.comparison is not None and third.comparison.repeats == 3
     assert len(more.plans) == 3 * len(third.comparison.labels)
     assert not any("read from the study" in note for note in third.notes)
@@ -126,7 +136,7 @@ def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path
         running.set_user_attr("host", socket.gethostname())
         running.set_user_attr("pid", sleeper.pid)
         runner = FakeRunner(behaviour)
-        record = tune("m.py", runner=runner, **options)  # type: ignore[arg-type]
+        record = run_tune("m.py", runner=runner, **options)  # type: ignore[arg-type]
         assert len(runner.plans) == 2, "the search ran; the comparison did not"
         assert record.comparison is None and record.recommendation is None
         assert any(f"trial(s) {running.number} still running" in n for n in record.notes)
@@ -135,7 +145,7 @@ def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path
         sleeper.wait()
     # That worker gone, --finish runs the comparison.
     runner = FakeRunner(behaviour)
-    record = tune("m.py", runner=runner, finish=True, **options)  # type: ignore[arg-type]
+    record = run_tune("m.py", runner=runner, finish=True, **options)  # type: ignore[arg-type]
     assert record.comparison is not None and record.recommendation is not None
     assert len(runner.plans) == record.comparison.repeats * len(record.comparison.labels)
 

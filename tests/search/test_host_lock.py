@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.search import device_units
+from autotune.search._runner import device_units
 
 HOLD = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from autotune.search import device_units, host_lock
+    from autotune.search._runner import device_units, host_lock
     os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})
     with host_lock(device_units("cpu")):
         Path(sys.argv[2]).write_text("held")
@@ -30,7 +30,7 @@ HOLD = textwrap.dedent(
 PROBE = textwrap.dedent(
     """
     import fcntl, json, os, sys
-    from autotune.search import device_units, lock_path
+    from autotune.search._runner import device_units, lock_path
     os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})
     busy = []
     for unit in device_units("cpu"):

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from autotune.search import free_port, storage_url
+from autotune.search import storage_url
+from autotune.search._runner import free_port
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}

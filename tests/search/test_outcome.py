@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.search import TrialResult, classify_outcome, outcome_reason
+from autotune.search import TrialResult
+from autotune.search._outcome import classify_outcome, outcome_reason
 
 OK = TrialResult(
     completed_steps=3, samples_per_s=10.0, peak_memory_bytes=[100, 120], device_memory=200

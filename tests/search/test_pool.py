@@ -15,7 +15,9 @@ from _models import mlp_stack
 
 from autotune.records import Plan
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search import PoolRunner, RunReport, SubprocessRunner, TrialSettings, classify_outcome
+from autotune.search import PoolRunner, SubprocessRunner, TrialSettings
+from autotune.search._outcome import classify_outcome
+from autotune.search._records import RunReport
 
 ENV = {"OMP_NUM_THREADS": "1"}
 

@@ -1,4 +1,4 @@
-"""The study in PostgreSQL: tune() on it, optuna-dashboard opening it, and one-line errors."""
+"""The study in PostgreSQL: run_tune() on it, optuna-dashboard opening it, and one-line errors."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
+from _search import run_tune
 
 from autotune.records import AutotuneError, Plan
-from autotune.search import FakeRunner, TrialResult, TrialSettings, open_study, storage_url, tune
+from autotune.search import TrialResult, TrialSettings, open_study, storage_url
+from autotune.search._runner import FakeRunner
 
 
 def _fast(plan: Plan, settings: TrialSettings) -> TrialResult:
@@ -23,7 +25,7 @@ def _fast(plan: Plan, settings: TrialSettings) -> TrialResult:
 
 def test_tune_on_postgres_and_the_dashboard_opens_it(postgres_url: str, tmp_path: Path) -> None:
     settings = TrialSettings(model_file="m.py", timeout_s=5)
-    record = tune("m.py", global_batch=8, settings=settings, runner=FakeRunner(_fast), blocks=1,
+    record = run_tune("m.py", global_batch=8, settings=settings, runner=FakeRunner(_fast), blocks=1,
                   trials=3, storage=postgres_url, study_name="dash", repeats=0, heartbeat_s=1)  # fmt: skip
     assert record.storage.startswith("postgresql+psycopg://")
     pytest.importorskip("optuna_dashboard", reason="optuna-dashboard is not installed")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.records import AutotuneError, Plan
-from autotune.search import divisors, make_space, oom_lesson
+from autotune.search import divisors
+from autotune.search._space import make_space, oom_lesson
 
 
 def test_divisors() -> None:

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from _search import run_tune
+
 from autotune.records import Plan
-from autotune.search import (
-    FakeRunner,
-    Prediction,
-    TrialRecord,
-    TrialResult,
-    TrialSettings,
-    TuneRecord,
-    error_bar,
-    make_space,
-    predicted_front,
-    slower_than_best,
-    tune,
-)
+from autotune.search import Prediction, TrialRecord, TrialResult, TrialSettings, TuneRecord
+from autotune.search._runner import FakeRunner
+from autotune.search._space import make_space
+from autotune.search._steer import error_bar, predicted_front, slower_than_best
 
 
 def step_seconds(plan: Plan) -> float:
@@ -52,7 +45,7 @@ def test_front_is_the_fastest_predicted_plan_of_each_stage() -> None:
 def _tune(tmp_path: Path, runner: FakeRunner, trials: int) -> TuneRecord:
     baseline = Plan(micro_batch=1, grad_accum=16, gpus_per_node=2)
     policy = Plan(micro_batch=2, grad_accum=8, gpus_per_node=2, zero_stage=2)
-    return tune(
+    return run_tune(
         "model.py", global_batch=32, settings=TrialSettings(model_file="model.py"), runner=runner,
         nproc=2, blocks=3, policy=policy, baseline=baseline, predict=predict, trials=trials,
         storage=str(tmp_path / "s.db"), repeats=0, seed=1,

@@ -16,15 +16,9 @@ from _models import mlp_stack, mlp_stack_parameters
 
 from autotune.records import Plan
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search import (
-    FakeRunner,
-    PoolRunner,
-    SubprocessRunner,
-    TrialResult,
-    TrialRunner,
-    TrialSettings,
-    classify_outcome,
-)
+from autotune.search import PoolRunner, SubprocessRunner, TrialResult, TrialRunner, TrialSettings
+from autotune.search._outcome import classify_outcome
+from autotune.search._runner import FakeRunner
 
 MODEL = mlp_stack(blocks=2, hidden=32)
 PARAMETERS = mlp_stack_parameters(blocks=2, hidden=32)

@@ -1,4 +1,4 @@
-"""tune() with the fake runner: pruning, OOM lessons, the comparison, resuming, two workers."""
+"""run_tune() with the fake runner: pruning, OOM lessons, the comparison, resuming, two workers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import textwrap
 import time
 from pathlib import Path
 
+from _search import run_tune
+
 from autotune.records import Plan
-from autotune.search import FakeRunner, Prediction, TrialResult, TrialSettings, tune
+from autotune.search import Prediction, TrialResult, TrialSettings
+from autotune.search._runner import FakeRunner
 
 BUDGET = 1000
 
@@ -40,7 +43,7 @@ def settings(tmp_path: Path) -> TrialSettings:
 def test_misfits_are_pruned_unrun_and_the_policy_goes_first(tmp_path: Path) -> None:
     runner = FakeRunner(behaviour)
     policy = Plan(micro_batch=4, grad_accum=4, checkpoint_blocks=1)
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=16, settings=settings(tmp_path), runner=runner, blocks=2,
         policy=policy, baseline=Plan(micro_batch=16), predict=predict, trials=6,
         storage=str(tmp_path / "s.db"), repeats=2,
@@ -73,7 +76,7 @@ def test_measured_oom_teaches_the_search(tmp_path: Path) -> None:
         )
 
     runner = FakeRunner(oom_from_two)
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=8, settings=settings(tmp_path), runner=runner, blocks=1,
         policy=Plan(micro_batch=2, grad_accum=4), baseline=Plan(micro_batch=1, grad_accum=8),
         trials=8, storage=str(tmp_path / "s.db"), repeats=1,
@@ -100,7 +103,11 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys, time
     from autotune.records import Plan
-    from autotune.search import FakeRunner, TrialResult, TrialSettings, tune
+    from autotune.search import TrialResult, TrialSettings
+    from autotune.search._runner import FakeRunner
+
+    sys.path.insert(0, os.environ["AUTOTUNE_TESTS"])
+    from _search import run_tune
 
     storage, trials, kill_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     delay = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05
@@ -113,7 +120,7 @@ SCRIPT = textwrap.dedent(
 
     runner = FakeRunner(behaviour, delay_s=delay)
     settings = TrialSettings(model_file="m.py", timeout_s=5)
-    record = tune("m.py", global_batch=16, settings=settings, runner=runner, blocks=3,
+    record = run_tune("m.py", global_batch=16, settings=settings, runner=runner, blocks=3,
                   baseline=Plan(micro_batch=1, grad_accum=16), trials=trials, storage=storage,
                   repeats=0, heartbeat_s=1)
     print(json.dumps({"ran": [p.model_dump(mode="json") for p in runner.plans],
@@ -123,7 +130,11 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(script: Path, *args: object) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "AUTOTUNE_TESTS": str(Path(__file__).parent.parent),
+    }
     return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=120)  # fmt: skip
 
@@ -134,7 +145,8 @@ def test_killed_study_resumes_without_losing_or_redoing_trials(tmp_path: Path) -
     storage = tmp_path / "study.db"
     # Micro-batch 16 without checkpointing kills the study mid-trial; the baseline runs first.
     killed = subprocess.Popen([sys.executable, str(script), str(storage), "6", "1"],
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+                              env={**os.environ, "OMP_NUM_THREADS": "1",
+                                   "AUTOTUNE_TESTS": str(Path(__file__).parent.parent)})  # fmt: skip
     assert killed.wait(timeout=120) == -9
     import optuna
 
@@ -168,7 +180,11 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     script = tmp_path / "study.py"
     script.write_text(SCRIPT)
     storage = tmp_path / "shared.db"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "AUTOTUNE_TESTS": str(Path(__file__).parent.parent),
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(storage), "8", "0", "0.5"],
@@ -213,7 +229,7 @@ def test_of_two_workers_that_draw_one_plan_the_lower_trial_runs_it(tmp_path: Pat
     thread = threading.Thread(target=other_worker)
     thread.start()
     runner = FakeRunner(behaviour)
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=16, settings=settings(tmp_path), runner=runner,
         policy=plan, baseline=plan, trials=1, storage=url, repeats=0, heartbeat_s=1,
     )  # fmt: skip
@@ -229,7 +245,7 @@ def test_a_bf16_policy_without_baseline_still_measures_the_users_fp32_plan(
     """On a CPU with fast bf16 (AMX) the policy proposes autocast; no --baseline was given, so
     the baseline is the user's plan as written: fp32, at the full per-rank batch."""
     runner = FakeRunner(behaviour)
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=8, settings=settings(tmp_path), runner=runner,
         policy=Plan(precision="amp_bf16", micro_batch=8), trials=2,
         storage=str(tmp_path / "s.db"), repeats=0,
@@ -242,7 +258,7 @@ def test_a_bf16_policy_without_baseline_still_measures_the_users_fp32_plan(
 
 def test_time_budget_stops_the_study(tmp_path: Path) -> None:
     runner = FakeRunner(behaviour, delay_s=0.3)
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=16, settings=settings(tmp_path), runner=runner, blocks=2,
         trials=50, budget_s=0.5, storage=str(tmp_path / "s.db"), repeats=0,
     )  # fmt: skip
@@ -262,7 +278,7 @@ def test_rerun_medians_not_search_numbers_pick_the_winner(tmp_path: Path) -> Non
             speed = 5.0
         return TrialResult(completed_steps=2, samples_per_s=speed, peak_memory_bytes=[1])
 
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=8, settings=settings(tmp_path), runner=FakeRunner(noisy),
         baseline=Plan(micro_batch=8), trials=4, storage=str(tmp_path / "s.db"), repeats=3,
     )  # fmt: skip
@@ -281,7 +297,7 @@ def test_repeats_0_compares_the_single_search_runs_and_says_so(tmp_path: Path) -
         return TrialResult(completed_steps=2, samples_per_s=speed, peak_memory_bytes=[1])
 
     runner = FakeRunner(lucky)
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=8, settings=settings(tmp_path), runner=runner,
         baseline=Plan(micro_batch=8), trials=4, storage=str(tmp_path / "s.db"), repeats=0,
     )  # fmt: skip
@@ -303,7 +319,7 @@ def test_budget_and_prediction_meet_the_live_tensor_peak_not_rss(tmp_path: Path)
                            live_tensor_bytes=[live], rss_delta_bytes=[6 * live],
                            device_memory=s.device_memory)  # fmt: skip
 
-    record = tune(
+    record = run_tune(
         "model.py", global_batch=4, settings=settings(tmp_path), runner=FakeRunner(worker_like),
         blocks=1, baseline=Plan(micro_batch=1, grad_accum=4), predict=predict, trials=8,
         storage=str(tmp_path / "s.db"), repeats=0,

@@ -3,34 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Literal
 
-from autotune.estimator import DEFAULT_MARGIN, ModelFacts, PlanEstimate, estimate_plan
+from autotune.estimator import ModelFacts, PlanEstimate, estimate_plan
 from autotune.policy._facts import Facts, Source
-from autotune.records import AUTOCAST_PLAN_PRECISION, Plan, ProfileRecord
+from autotune.records import AUTOCAST_PLAN_PRECISION, Machine, Plan, ProfileRecord
 
 _TRANSFORMER_BLOCK = re.compile(r"Decoder|Encoder|Transformer|Attention|GPT|Bert|Llama", re.I)
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the user said about the target machine (``None``: not given)."""
-
-    device_memory: int | None = None
-    world_size: int = 1
-    gpus_per_node: int = 1
-    inter_gbps: float | None = None
-    global_batch: int | None = None
-    margin: float = DEFAULT_MARGIN
-    budget_source: Literal["given", "device", "available_ram"] | None = None
-    """Where ``device_memory`` came from: the user, the profiled GPU, or (CPU, nothing
-    given) this machine's available memory."""
-
-    @property
-    def nodes(self) -> int:
-        """Nodes the devices spread over."""
-        return max(1, self.world_size // self.gpus_per_node)
 
 
 # transformers' attn_implementation values that are plan knobs; others stay "default"
@@ -50,7 +28,9 @@ def baseline_plan(profile: ProfileRecord, machine: Machine) -> Plan:
     )
 
 
-def static_facts(profile: ProfileRecord, machine: Machine) -> dict[str, object]:
+def static_facts(
+    profile: ProfileRecord, machine: Machine, global_batch: int | None = None
+) -> dict[str, object]:
     """Facts that do not depend on the plan: the device, the model, the machine."""
     caps = profile.environment.capabilities
     model = profile.model
@@ -82,7 +62,7 @@ def static_facts(profile: ProfileRecord, machine: Machine) -> dict[str, object]:
         "block_count": model.block_stack.count if model.block_stack else None,
         "is_transformer": model.num_attention_heads is not None
         or bool(_TRANSFORMER_BLOCK.search(block_class)),
-        "target_global_batch": machine.global_batch,
+        "target_global_batch": global_batch,
     }
 
 
@@ -104,26 +84,21 @@ _STATIC_SOURCES: dict[str, Source] = {
 class FactBuilder:
     """Builds :class:`Facts` for any plan of one profiled model on one machine."""
 
-    def __init__(self, profile: ProfileRecord, model: ModelFacts, machine: Machine) -> None:
+    def __init__(self, profile: ProfileRecord, model: ModelFacts, machine: Machine,
+                 global_batch: int | None = None) -> None:  # fmt: skip
         self.profile = profile
         self.model = model
         self.machine = machine
+        self.global_batch = global_batch
         self.baseline = baseline_plan(profile, machine)
-        self._static = static_facts(profile, machine)
+        self._static = static_facts(profile, machine, global_batch)
         self._cache: dict[Plan, PlanEstimate] = {}
         self._facts: dict[Plan, Facts] = {}
 
     def estimate(self, plan: Plan) -> PlanEstimate:
         """The estimate of one plan (cached: the searches below ask for many)."""
         if plan not in self._cache:
-            self._cache[plan] = estimate_plan(
-                self.model,
-                plan,
-                device_memory=self.machine.device_memory,
-                intra_gbps=None,
-                inter_gbps=self.machine.inter_gbps,
-                margin=self.machine.margin,
-            )
+            self._cache[plan] = estimate_plan(self.model, plan, machine=self.machine)
         return self._cache[plan]
 
     def facts(self, plan: Plan) -> Facts:
@@ -205,7 +180,7 @@ class FactBuilder:
         return self.estimate(plan).predicted_step_time_ratio
 
     def _per_device_samples(self, plan: Plan) -> int:
-        target = self.machine.global_batch
+        target = self.global_batch
         if target and target % plan.world_size == 0:
             return target // plan.world_size
         return plan.micro_batch * plan.grad_accum
@@ -269,10 +244,9 @@ class FactBuilder:
         self, peak: int, states: int, activations: int, total: int
     ) -> dict[str, object]:
         budget = self.machine.device_memory
-        usable = budget * (1 - self.machine.margin) if budget else None
         return {
             "peak_bytes": peak,
-            "fits": None if usable is None else peak <= usable,
+            "fits": self.machine.fits(peak),
             "headroom": None if not budget else (budget - peak) / budget,
             "activation_share": activations / total if total else None,
             "model_state_share": states / total if total else None,

@@ -1,0 +1,81 @@
+"""The options several commands share, declared once: the device, its memory budget and margin,
+the ranks per node and nodes, the link between nodes, and --json; and the Machine they build."""
+
+from __future__ import annotations
+
+import typer
+
+from autotune.cli._common import above, device_name
+from autotune.records import DEFAULT_MARGIN, AutotuneError, Machine, parse_bytes
+
+DEVICE = typer.Option(
+    None,
+    "--device",
+    callback=device_name,
+    help="auto, cpu, cuda or cuda:N (default: auto; for confirm, the device the profile ran on).",
+)
+DEVICE_MEMORY = typer.Option(
+    None,
+    "--device-memory",
+    help="Memory each device may use, with a unit: 80GiB (as GPUs are sold) or 80GB (10^9 B). "
+    "Default: the profiled GPU's; on a CPU, this machine's available memory.",
+)
+MARGIN = typer.Option(
+    DEFAULT_MARGIN,
+    "--margin",
+    min=0.0,
+    max=0.9,
+    help="Share of --device-memory every fit decision keeps free: the policy's, the estimate's "
+    "and the search's pruning.",
+)
+NPROC_PER_NODE = typer.Option(
+    1,
+    "--nproc-per-node",
+    "--nproc",
+    min=1,
+    help="Devices (ranks) on each node, as torchrun counts them.",
+)
+NNODES = typer.Option(1, "--nnodes", min=1, help="Nodes, as torchrun counts them.")
+INTER_GBPS = typer.Option(
+    None,
+    "--inter-gbps",
+    callback=above(0),
+    help="Link between nodes, Gbit/s (<= 100 counts as slow): the communication time of "
+    "plans over nodes.",
+)
+JSON = typer.Option(False, "--json", help="Print only the record as JSON on stdout.")
+
+# Flags renamed to torchrun's words; each is refused with one line naming the new ones.
+_RENAMED = {
+    "world_size": "--world-size: renamed; give --nproc-per-node N (devices per node) and "
+    "--nnodes M (nodes): N x M devices in all",
+    "gpus_per_node": "--gpus-per-node: renamed to --nproc-per-node",
+    "nodes": "--nodes: renamed to --nnodes",
+}
+RENAMED_WORLD_SIZE = typer.Option(None, "--world-size", hidden=True)
+RENAMED_GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", hidden=True)
+RENAMED_NODES = typer.Option(None, "--nodes", hidden=True)
+
+
+def refuse_renamed(**given: object) -> None:
+    """Refuse a renamed flag that was given, with one line naming its new words."""
+    for name, value in given.items():
+        if value is not None:
+            raise AutotuneError(_RENAMED[name])
+
+
+def machine(
+    *,
+    device: str | None = None,
+    device_memory: str | None = None,
+    margin: float = DEFAULT_MARGIN,
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
+    inter_gbps: float | None = None,
+    intra_gbps: float | None = None,
+) -> Machine:
+    """The :class:`Machine` the shared options describe (the budget parsed, unit required)."""
+    budget = parse_bytes(device_memory, "--device-memory") if device_memory else None
+    return Machine(device=device or "auto", device_memory=budget, margin=margin,
+                   gpus_per_node=nproc_per_node, nodes=nnodes, inter_gbps=inter_gbps,
+                   intra_gbps=intra_gbps)  # fmt: skip

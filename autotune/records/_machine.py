@@ -1,0 +1,106 @@
+"""The machine a run plans for: its devices, their memory budget and where that figure came from,
+the margin kept free, ranks per node, nodes and links. Resolved once, handed whole to every stage."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from autotune.records._errors import AutotuneError
+
+if TYPE_CHECKING:
+    from autotune.records._profile import ProfileRecord
+
+DEFAULT_MARGIN = 0.10
+"""Share of the device budget every fit decision keeps free (what tensors do not show:
+allocator fragmentation, communication buffers, the CUDA context)."""
+
+BudgetSource = Literal["given", "device", "available_ram"]
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machine:
+    """What the target machine offers. ``None`` means "not known here", never zero.
+
+    Checked when built: every bad field gives one line naming its flag.
+    """
+
+    device: str = "auto"
+    """Where steps run: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``--device``)."""
+    device_memory: int | None = None
+    """Bytes each device may use (``--device-memory``); ``None``: no budget, fit unknown."""
+    budget_source: BudgetSource | None = None
+    """Where ``device_memory`` came from: the user, the profiled GPU, or (a CPU profile,
+    nothing given) this machine's available memory. ``None`` while no budget is known."""
+    margin: float = DEFAULT_MARGIN
+    """Share of ``device_memory`` kept free: a plan fits when its peak is at most the rest
+    (``--margin``)."""
+    gpus_per_node: int = 1
+    """Devices (ranks) on each node (``--nproc-per-node``)."""
+    nodes: int = 1
+    """Nodes the devices spread over (``--nnodes``)."""
+    intra_gbps: float | None = None
+    """Link inside a node, Gbit/s (communication time); ``None``: unknown."""
+    inter_gbps: float | None = None
+    """Link between nodes, Gbit/s (``--inter-gbps``); ``None``: unknown."""
+    pcie_gbps: float | None = None
+    """Host-device link, Gbit/s (offload time); ``None``: unknown."""
+
+    def __post_init__(self) -> None:
+        if not _DEVICE.fullmatch(self.device):
+            raise AutotuneError(
+                f"--device: must be auto, cpu, cuda or cuda:N (got {self.device!r})"
+            )
+        if self.device_memory is not None and self.device_memory < 1:
+            raise AutotuneError(f"--device-memory: must be positive (got {self.device_memory} B)")
+        if not 0.0 <= self.margin <= 0.9:
+            raise AutotuneError(f"--margin: {self.margin:g} is not a share in [0, 0.9]")
+        for flag, count in (("--nproc-per-node", self.gpus_per_node), ("--nnodes", self.nodes)):
+            if count < 1:
+                raise AutotuneError(f"{flag}: must be >= 1 (got {count})")
+        for flag, speed in (("--intra-gbps", self.intra_gbps), ("--inter-gbps", self.inter_gbps),
+                            ("--pcie-gbps", self.pcie_gbps)):  # fmt: skip
+            if speed is not None and speed <= 0:
+                raise AutotuneError(f"{flag}: must be > 0 (got {speed:g})")
+
+    @property
+    def world_size(self) -> int:
+        """Devices in all."""
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def usable(self) -> float | None:
+        """The bytes a plan's predicted peak may reach: the budget less the margin (the one
+        place this is computed); ``None`` without a budget."""
+        if self.device_memory is None:
+            return None
+        return self.device_memory * (1.0 - self.margin)
+
+    def fits(self, peak: float) -> bool | None:
+        """Whether ``peak`` bytes fit in the usable part (``None``: no budget known)."""
+        usable = self.usable
+        return None if usable is None else peak <= usable
+
+    def with_default_budget(self, profile: ProfileRecord) -> Machine:
+        """This machine with a budget filled in where none was given: the profiled GPU's
+        memory, or on a CPU this machine's available memory now (psutil)."""
+        if self.device_memory is not None:
+            return self if self.budget_source else replace(self, budget_source="given")
+        if profile.config.device == "cuda" and profile.environment.device_memory_bytes:
+            return replace(
+                self,
+                device_memory=profile.environment.device_memory_bytes,
+                budget_source="device",
+            )
+        if profile.config.device == "cpu":
+            return replace(self, device_memory=available_memory(), budget_source="available_ram")
+        return self
+
+
+def available_memory() -> int:
+    """This machine's available memory in bytes (psutil): the budget of a CPU step."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)

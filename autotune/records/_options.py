@@ -1,0 +1,108 @@
+"""What a tune run is asked: every option of ``autotune tune`` (bar the machine's and the
+model's), each declared here once, with its default and its checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.records._errors import AutotuneError
+from autotune.records._machine import Machine
+from autotune.records._plan import Plan
+
+TRIAL_TIMEOUT_S = 300.0
+"""Seconds before a trial's process group is killed, wherever a timeout is not given."""
+HEARTBEAT_S = 10
+"""Seconds between a running trial's heartbeats; three missed and it is lost."""
+JOIN_TIMEOUT_S = 120.0
+"""Seconds the nodes of a trial wait for each other at the rendezvous."""
+FRONT_SIZE = 4
+"""Plans of the predicted front queued after the policy's plan and the baseline."""
+ENGINES = ("deepspeed", "fsdp2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneOptions:
+    """What one ``autotune tune`` run is asked. The CLI builds it from its flags, the Python
+    API from keywords; the composer and the search read it whole."""
+
+    global_batch: int
+    """Samples per optimizer step over all ranks, kept by every plan (``--global-batch``)."""
+    trials: int = 20
+    """Plans to measure; pruned plans do not count (``--trials``)."""
+    budget_s: float | None = None
+    """Stop starting trials after this much trial time (``--budget-minutes``, in seconds here)."""
+    trial_timeout_s: float = TRIAL_TIMEOUT_S
+    """Seconds before a trial's process group is killed (``--trial-timeout``)."""
+    steps: int = 3
+    """Fewest measured optimizer steps per trial (``--steps``)."""
+    interval_width: float | None = 0.05
+    """Measure until the median step time is known to +- this share; ``None``: exactly
+    ``steps`` (``--interval``, where 0 means ``None``)."""
+    max_steps: int = 20
+    """Most measured steps per trial when measuring to ``interval_width`` (``--max-steps``)."""
+    warmup: int = 1
+    """Optimizer steps run first in each trial and dropped (``--warmup``)."""
+    repeats: int = 3
+    """Interleaved re-runs of best, baseline and runner-up; 0: none (``--repeats``)."""
+    storage: str | None = None
+    """Optuna RDB URL or sqlite path; ``None``: ``autotune-tune.db`` (``--storage``)."""
+    study_name: str | None = None
+    """The study's name; ``None``: from the model, global batch and ranks (``--study``)."""
+    heartbeat_s: int = HEARTBEAT_S
+    """Seconds between a running trial's heartbeats (``--heartbeat``)."""
+    profile_path: str | None = None
+    """A saved profile instead of a short fresh one (``--profile``)."""
+    policy_path: str | None = None
+    """A policy TOML file; ``None``: the default policy (``--policy``)."""
+    baseline: Plan | None = None
+    """The user's current plan; ``None``: the per-rank batch in one micro-batch (``--baseline``)."""
+    engines: tuple[str, ...] = ("deepspeed",)
+    """Who may shard a ZeRO stage: ``deepspeed``, and ``fsdp2`` when asked (``--engines``)."""
+    finish: bool = False
+    """Start no trial: read (or run) the study's final comparison (``--finish``)."""
+    rdzv_endpoint: str | None = None
+    """``HOST:PORT`` of the c10d rendezvous, needed with several nodes (``--rdzv-endpoint``)."""
+    join_timeout_s: float = JOIN_TIMEOUT_S
+    """Seconds the nodes of a trial wait for each other (``--join-timeout``)."""
+    front: int = FRONT_SIZE
+    """Plans of the predicted front queued early."""
+    seed: int | None = None
+    """The sampler's seed; ``None``: random, so workers sharing a study differ."""
+
+    def __post_init__(self) -> None:
+        for flag, value, low in (("--global-batch", self.global_batch, 1), ("--trials", self.trials, 1),
+                                 ("--steps", self.steps, 1), ("--max-steps", self.max_steps, 1),
+                                 ("--warmup", self.warmup, 0), ("--repeats", self.repeats, 0),
+                                 ("--heartbeat", self.heartbeat_s, 1)):  # fmt: skip
+            if value < low:
+                raise AutotuneError(f"{flag}: must be >= {low} (got {value})")
+        for flag, seconds in (("--trial-timeout", self.trial_timeout_s),
+                              ("--join-timeout", self.join_timeout_s),
+                              ("--budget-minutes", self.budget_s)):  # fmt: skip
+            if seconds is not None and seconds <= 0:
+                raise AutotuneError(f"{flag}: must be > 0 (got {seconds:g})")
+        if self.interval_width is not None and not 0 < self.interval_width < 1:
+            raise AutotuneError(f"--interval: {self.interval_width} is not a share in [0, 1)")
+        bad = [name for name in self.engines if name not in ENGINES]
+        if bad or not self.engines:
+            raise AutotuneError(
+                f"--engines: {','.join(bad) or '(none)'}: use deepspeed and/or fsdp2"
+            )
+
+    def check_machine(self, machine: Machine) -> None:
+        """The checks that need the machine too: the batch splits over its ranks and the
+        baseline keeps the global batch.
+
+        Raises:
+            AutotuneError: one line naming the flag.
+        """
+        if self.global_batch % machine.world_size:
+            ranks = f"--nproc-per-node {machine.gpus_per_node}" + (
+                f" x --nnodes {machine.nodes}" if machine.nodes != 1 else ""
+            )
+            raise AutotuneError(f"--global-batch {self.global_batch} does not split over {ranks}")
+        if self.baseline is not None and self.baseline.global_batch != self.global_batch:
+            raise AutotuneError(
+                f"--baseline: global batch {self.baseline.global_batch} != "
+                f"--global-batch {self.global_batch}"
+            )
