@@ -1,0 +1,38 @@
+"""``autotune tune -- COMMAND`` refuses a bad command or mapping before any launch: one line
+``autotune: ...`` naming the flag or the command's part, exit status 2, nothing on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+
+SCRIPT = str(Path(__file__).resolve().parents[2] / "examples" / "scripts" / "deepspeed_train.py")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--", "python", "missing_train.py"], "autotune: --: missing_train.py: no such script"),
+        (["--", "make", "train"], "autotune: --: make: not a launch command autotune knows"),
+        (["--arg-map", "micro=--batch-size", "--", "python", SCRIPT],
+         "autotune: --arg-map micro=--batch-size: use KEY=--flag with KEY one of"),
+        (["--nproc", "2", "--", "torchrun", "--nproc-per-node=4", SCRIPT],
+         "autotune: --nproc 2: the command launches 4 per node"),
+        (["--nnodes", "2", "--", "python", SCRIPT],
+         "autotune: --nnodes 2: a script's trials run on this node only"),
+    ],
+)  # fmt: skip
+def test_bad_script_input_is_one_line_and_exit_2(
+    args: list[str], line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["tune", "--global-batch", "8", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line)
+    assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
