@@ -338,8 +338,35 @@ def _fake_path(
             )
             for precision in precisions
         }
-        moment = trace_step(model_file, Plan(micro_batch=sizes[-1]), batch_of(sizes[-1]))
+        moment = _step_moment(model_file, sizes[-1], batch_of, real, fake=True)
     return _Traced(specs, moment, meta)
+
+
+STEP_BATCH_FACTOR = 4
+"""The whole step is traced at the larger fit size and at this many times it: the larger one's
+peak, with more of it activations, is the one the estimator rescales to other micro-batches."""
+
+
+def _step_moment(
+    model_file: ModelFile,
+    size: int,
+    batch_of: Callable[[int], Any],
+    real: dict[int, Any],
+    *,
+    fake: bool,
+) -> TracedMoment:
+    """The whole step traced at ``size`` and at :data:`STEP_BATCH_FACTOR` times it; the one whose
+    peak holds the larger share of activations, carrying the optimizer step's transients when the
+    smaller step peaked there (activations gone), which backward's peak does not show."""
+    moment = trace_step(model_file, Plan(micro_batch=size), batch_of(size), fake=fake)
+    larger = size * STEP_BATCH_FACTOR
+    real.setdefault(larger, _first_batch(model_file, larger))
+    later = trace_step(model_file, Plan(micro_batch=larger), batch_of(larger), fake=fake)
+    if later.at_peak.activations / later.peak <= moment.at_peak.activations / moment.peak:
+        return moment
+    if moment.at_peak.activations > 0.1 * moment.peak:
+        return later
+    return later.model_copy(update={"optimizer_temporaries": float(moment.at_peak.temporaries)})
 
 
 def _real_path(
@@ -370,7 +397,7 @@ def _real_path(
         if high
         else "no activations saved"
     )
-    moment = trace_step(model_file, Plan(micro_batch=sizes[-1]), real[sizes[-1]], fake=False)
+    moment = _step_moment(model_file, sizes[-1], real.__getitem__, real, fake=False)
     return _Traced(specs, moment, counted), bound
 
 
@@ -468,6 +495,11 @@ def load_hf_config(path: str | Path) -> Any:
     return hf.load_config(path)
 
 
+WHOLE_TRACE_PARAMETERS = 2 * 10**9
+"""Up to this many parameters a causal LM's config is traced whole, a whole step included (as
+any other head); above it, on a few blocks scaled to L (seconds for 70B, no step traced)."""
+
+
 def facts_from_hf_config(
     path: str | Path,
     seq_len: int,
@@ -481,10 +513,10 @@ def facts_from_hf_config(
 
     The task head comes from ``task``, else the config's ``architectures``
     (:func:`autotune.runtime.hf.task_of`). Parameters are counted on a meta-device build
-    of the full model. A causal LM's activations are traced on fake tensors on a copy
-    with ``trace_layers`` blocks (the blocks are identical) and scaled to the config's L,
-    so a 70B config takes seconds; any other head, or a causal LM whose short trace cannot
-    run, is traced whole through the model file ``--hf-config`` generates, by the first of
+    of the full model. A causal LM above :data:`WHOLE_TRACE_PARAMETERS` has its activations
+    traced on fake tensors on a copy with ``trace_layers`` blocks (the blocks are identical)
+    and scaled to the config's L, so a 70B config takes seconds; any other model, or a causal
+    LM whose short trace cannot run, is traced whole through the model file ``--hf-config`` generates, by the first of
     :data:`PATHS` that runs (the real-step path only where the model fits in half the
     available memory).
 
@@ -497,7 +529,7 @@ def facts_from_hf_config(
     config = hf.prepared_config(config, head, seq_len, where)
     meta = hf.check_buildable(config, where, head)
     failed = None
-    if head == "causal-lm":
+    if head == "causal-lm" and sum(p.numel() for p in meta.parameters()) > WHOLE_TRACE_PARAMETERS:
         try:
             return _short_causal_facts(config, meta, seq_len, precisions, trace_layers, batch_sizes)
         except Exception as exc:  # the trace's limit, not the user's mistake

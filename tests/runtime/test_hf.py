@@ -136,3 +136,98 @@ def test_recommend_and_estimate_share_the_checks(tmp_path: Path) -> None:
         app, ["estimate", "--hf-config", str(TINY), "--seq-len", "256", "-b", "1"]
     )
     assert result.exit_code == 2 and "above max_position_embeddings 128" in result.stderr
+
+
+ZOO = Path(__file__).resolve().parents[2] / "examples" / "zoo"
+# config -> (the head its architectures choose, the model class, the batch fields)
+HEADS = {
+    "bert": ("masked-lm", "BertForMaskedLM", {"input_ids", "labels"}),
+    "t5": ("seq2seq-lm", "T5ForConditionalGeneration", {"input_ids", "labels"}),
+    "distilbert": (
+        "sequence-classification",
+        "DistilBertForSequenceClassification",
+        {"input_ids", "labels"},
+    ),  # fmt: skip
+    "vit": ("image-classification", "ViTForImageClassification", {"pixel_values", "labels"}),
+    "whisper": (
+        "speech-seq2seq",
+        "WhisperForConditionalGeneration",
+        {"input_features", "labels"},
+    ),  # fmt: skip
+    "wav2vec2": ("ctc", "Wav2Vec2ForCTC", {"input_values", "labels"}),
+    "clip": ("contrastive", "CLIPModel", {"input_ids", "pixel_values", "return_loss"}),
+    "gpt2": ("causal-lm", "GPT2LMHeadModel", {"input_ids", "labels"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_the_head_comes_from_the_configs_architectures(name: str) -> None:
+    task, cls, fields = HEADS[name]
+    seq_len = {"vit": 32, "wav2vec2": 1600, "clip": 16}.get(name, 16)
+    with model_source(None, hf_config=str(ZOO / f"{name}.json"), seq_len=seq_len) as source:
+        model_file = load_model_file(source.path)
+        assert task == model_file.module.TASK
+        model = model_file.build_model()
+        assert type(model).__name__ == cls
+        batch = next(model_file.batches(2, workers=0))
+        assert set(batch) == fields
+        loss = model_file.loss(model, batch)  # checked: a finite scalar connected to the weights
+    loss.backward()
+    if task == "image-classification":
+        assert batch["pixel_values"].shape == (2, 3, 32, 32) and batch["labels"].shape == (2,)
+    if task == "seq2seq-lm":  # encoder ids and decoder labels (the model shifts them in)
+        assert batch["input_ids"].shape == batch["labels"].shape == (2, 16)
+
+
+def test_task_flag_overrides_the_architectures_and_bad_ones_are_one_line(tmp_path: Path) -> None:
+    config = json.loads((ZOO / "bert.json").read_text())
+    config["num_labels"] = 3
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with model_source(
+        None, hf_config=str(path), seq_len=8, task="sequence-classification"
+    ) as source:
+        model_file = load_model_file(source.path)
+        assert type(model_file.build_model()).__name__ == "BertForSequenceClassification"
+        assert next(model_file.batches(2, workers=0))["labels"].max() < 3
+        assert source.label.endswith("--task sequence-classification")
+    with (
+        pytest.raises(AutotuneError, match=r"^--task translation: not one of causal-lm"),
+        model_source(None, hf_config=str(path), seq_len=8, task="translation"),
+    ):
+        pass
+    with (
+        pytest.raises(AutotuneError, match=r"^--task: only with --hf-config"),
+        model_source(path, task="masked-lm"),
+    ):
+        pass
+    config["architectures"] = ["BertLMHeadWhatever"]
+    path.write_text(json.dumps(config))
+    with (
+        pytest.raises(AutotuneError, match=r"has no task head autotune knows; give --task"),
+        model_source(None, hf_config=str(path), seq_len=8),
+    ):
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "seq_len"), [("bert", "16"), ("t5", "16"), ("vit", "32")])
+def test_non_causal_configs_profile_and_estimate_from_the_command_line(
+    name: str, seq_len: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    config = str(ZOO / f"{name}.json")
+    out = tmp_path / "profile.json"
+    args = ["profile", "--hf-config", config, "--seq-len", seq_len, "-b", "4", "--steps", "1"]
+    result = runner.invoke(app, [*args, "--warmup", "0", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    record = ProfileRecord.model_validate_json(out.read_text())
+    assert record.model.class_name == HEADS[name][1]
+    estimate = runner.invoke(
+        app, ["estimate", "--hf-config", config, "--seq-len", seq_len, "-b", "4", "--json"]
+    )
+    assert estimate.exit_code == 0, estimate.output
+    plan = json.loads(estimate.stdout)["plans"][0]
+    assert plan["source"] == "traced"
+    assert any(note.startswith("activations traced on fake tensors") for note in plan["notes"])
+    assert plan["memory"]["peak"] == pytest.approx(record.memory.peak, rel=0.05)

@@ -1,0 +1,125 @@
+"""The zoo: transformers' own model classes at tiny sizes (random init, no downloads), each
+profiled and estimated from its config alone, against torch.profiler's memory timeline.
+
+    .venv/bin/python bench/zoo.py [NAME ...]
+
+Per model (``examples/zoo/zoo.json``: config, family, tokens per sample, micro-batch):
+its parameters; the measured peak (``autotune profile``'s tracker) against torch.profiler's
+memory timeline of a hand-written step (``tests/_reference.py``); the pre-run estimate
+(``autotune estimate --hf-config``: traced, nothing run at the micro-batch) against the
+measured peak, with the trace path it took; and the profile and estimate wall times.
+The micro-batch (4) is outside the trace's fit points (1 and 2). fp32, AdamW, CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "examples" / "zoo"
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model's figures (bytes, seconds)."""
+
+    name: str
+    family: str
+    parameters: int
+    measured: int
+    reference: int
+    estimate: int
+    path: str
+    profile_s: float
+    estimate_s: float
+
+    @property
+    def vs_reference(self) -> float:
+        return self.measured / self.reference - 1
+
+    @property
+    def vs_measured(self) -> float:
+        return self.estimate / self.measured - 1
+
+
+def zoo() -> dict[str, dict[str, object]]:
+    """The zoo's index: name -> family, seq_len, batch."""
+    return json.loads((ZOO / "zoo.json").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def measure(name: str) -> Row:
+    """Profile, reference and estimate one zoo model."""
+    from _reference import reference_step
+
+    from autotune.estimator import estimate_plan
+    from autotune.records import Plan
+    from autotune.runtime import hf
+    from autotune.runtime.profiler import profile
+    from autotune.runtime.trace import facts_from_hf_config
+
+    entry = zoo()[name]
+    config, seq_len, batch = ZOO / f"{name}.json", int(entry["seq_len"]), int(entry["batch"])  # type: ignore[call-overload]
+    start = time.perf_counter()
+    facts = facts_from_hf_config(config, seq_len, precisions=("fp32",))
+    estimate = estimate_plan(facts, Plan(micro_batch=batch)).memory.peak
+    estimate_s = time.perf_counter() - start
+    with hf.model_source(None, hf_config=str(config), seq_len=seq_len) as source:
+        start = time.perf_counter()
+        record = profile(source.path, batch_size=batch, steps=1, warmup=1, device="cpu")
+        profile_s = time.perf_counter() - start
+        reference = reference_step(source.path, batch)
+    path = facts.activations["fp32"].path or "?"
+    return Row(
+        name, str(entry["family"]), facts.parameters, record.memory.peak, reference.peak,
+        int(estimate), path, profile_s, estimate_s,
+    )  # fmt: skip
+
+
+def _short_path(path: str) -> str:
+    """The path's name without the reasons the paths before it failed (they follow in notes)."""
+    return path.split(" (")[0]
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a markdown table, then each fallback's reasons."""
+    head = (
+        "| model | family | params | measured peak | torch.profiler | diff | estimate | diff "
+        "| estimate path | profile s | estimate s |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r.name} | {r.family} | {r.parameters:,} | {r.measured / 2**20:.2f} MiB "
+            f"| {r.reference / 2**20:.2f} MiB | {100 * r.vs_reference:+.2f} % "
+            f"| {r.estimate / 2**20:.2f} MiB | {100 * r.vs_measured:+.2f} % "
+            f"| {_short_path(r.path)} | {r.profile_s:.1f} | {r.estimate_s:.1f} |"
+        )
+    within2 = sum(abs(r.vs_reference) <= 0.02 for r in rows)
+    within5 = sum(abs(r.vs_measured) <= 0.05 for r in rows)
+    lines.append("")
+    lines.append(
+        f"estimate succeeded: {len(rows)}/{len(rows)}; measured vs torch.profiler within 2 %: "
+        f"{within2}/{len(rows)}; estimate vs measured within 5 %: {within5}/{len(rows)}"
+    )
+    lines += [f"- {r.name}: {r.path}" for r in rows if "(" in r.path]
+    return "\n".join(lines)
+
+
+def main(names: list[str]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    rows = []
+    for name in names or list(zoo()):
+        rows.append(measure(name))
+        print(f"{name}: done", file=sys.stderr, flush=True)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
