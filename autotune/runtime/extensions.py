@@ -32,6 +32,7 @@ __all__ = [
     "lock_holders",
     "prebuild_deepspeed",
     "prepare_deepspeed",
+    "recover_build_locks",
     "stale_locks",
 ]
 
@@ -220,6 +221,14 @@ def prepare_deepspeed(device: str, timeout_s: float, env: Mapping[str, str] | No
         if torch.cuda.is_available():
             return 0.0
     return prebuild_deepspeed(timeout_s=max(timeout_s, BUILD_TIMEOUT_S), env=env)
+
+
+def recover_build_locks(env: Mapping[str, str]) -> None:
+    """Before a worker group starts: remove the build locks a killed DeepSpeed start left
+    in its ``TORCH_EXTENSIONS_DIR`` (every start takes the comm op's lock for a moment, to
+    check its build), saying so on stderr."""
+    for lock in clear_stale_locks(extensions_root(env)):
+        _say(f"removed a stale build lock {lock} (its builder is gone)")
 
 
 def _watch(proc: subprocess.Popen[bytes], root: Path, deadline: float, timeout_s: float,

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -141,14 +142,23 @@ class PoolRunner(SubprocessRunner):
     """Trials of one rank count share a live worker group; a failure relaunches it fresh.
 
     Takes :class:`SubprocessRunner`'s arguments (its groups start ``entry_points.server``)
-    plus ``idle_s``: a group with no request for this long exits by itself.
+    plus ``idle_s``: a group with no request for this long exits by itself; and
+    ``before_launch``, called with a group's environment before it starts (the composer
+    clears build locks a killed start left, which the new group's ranks would wait on).
     Use it as a context manager, or call :meth:`close`, to end the groups.
     """
 
-    def __init__(self, *, idle_s: float = 1800.0, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        idle_s: float = 1800.0,
+        before_launch: Callable[[Mapping[str, str]], None] | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
         self.worker = self.entry_points.server
         self.idle_s = idle_s
+        self.before_launch = before_launch
         self._groups: dict[tuple[int, str], _Group] = {}
         self._started: set[tuple[int, str]] = set()  # rank counts that made a step
         self._stuck: dict[tuple[int, str], int] = {}  # fresh groups timed out before a step
@@ -233,6 +243,8 @@ class PoolRunner(SubprocessRunner):
         port = free_port()
         env = self.child_env(plan, settings, port)
         env["AUTOTUNE_IDLE_S"] = str(self.idle_s)
+        if self.before_launch is not None:
+            self.before_launch(env)
         log = (folder / "stderr.txt").open("ab")
         # stdout goes to the log too: DeepSpeed prints there, and --json owns our stdout.
         proc = subprocess.Popen(

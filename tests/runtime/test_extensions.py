@@ -8,6 +8,7 @@ in the one other runs share.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -111,9 +112,9 @@ def test_a_held_lock_is_named_and_waited_on_until_the_deadline(built: Path, tmp_
 
 
 def _tune(model: Path, run: Path, env: dict[str, str], *, timeout: float = 120,
-          nproc: int = 1) -> list[str]:  # fmt: skip
+          nproc: int = 1, trials: int = 1) -> list[str]:  # fmt: skip
     run.mkdir()
-    return [AUTOTUNE, "tune", str(model), "--global-batch", "2", "--trials", "1", "--nproc",
+    return [AUTOTUNE, "tune", str(model), "--global-batch", "2", "--trials", str(trials), "--nproc",
             str(nproc), "--repeats", "0", "--steps", "1", "--warmup", "0", "--device", "cpu",
             "--storage", str(run / "study.db"), "--out-dir", str(run),
             "--trial-timeout", str(timeout), "--json"]  # fmt: skip
@@ -187,3 +188,34 @@ def test_the_extensions_folder_follows_the_environment(tmp_path: Path) -> None:
     shown = subprocess.run([sys.executable, "-c", default], capture_output=True, text=True,
                            check=True).stdout.strip()  # fmt: skip
     assert extensions_root({}) == Path(shown)
+
+
+LEAVES_A_LOCK = MODEL.replace(
+    "def build_model():\n",
+    "def build_model():\n"
+    "    import os\n"
+    "    flag = os.environ['LOCK_FLAG']\n"
+    "    if os.environ.get('RANK') == '0' and os.path.exists(flag):  # the first trial only\n"
+    "        os.remove(flag)\n"
+    "        ext = os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'deepspeed_shm_comm')\n"
+    "        open(os.path.join(ext, 'lock'), 'w').close()  # as a start killed mid-check\n"
+    "        raise RuntimeError('injected: a DeepSpeed start ended holding the build lock')\n",
+)
+
+
+@pytest.mark.slow
+def test_a_lock_left_mid_study_is_cleared_before_the_next_group_starts(
+    built: Path, tmp_path: Path
+) -> None:
+    root = _copy(built, tmp_path)
+    (tmp_path / "model.py").write_text(LEAVES_A_LOCK)
+    (tmp_path / "flag").touch()
+    env = {**_env(tmp_path, root), "LOCK_FLAG": str(tmp_path / "flag")}
+    cmd = _tune(tmp_path / "model.py", tmp_path / "run", env, nproc=2, trials=2)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (tmp_path / "flag").exists(), "the lock was never left"
+    assert f"autotune: removed a stale build lock {root / OP / 'lock'}" in done.stderr
+    record = json.loads(done.stdout)
+    outcomes = [t["outcome"] for t in record["trials"] if t["outcome"]]
+    assert outcomes[0] == "crash" and "ok" in outcomes[1:], outcomes
