@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import torch
+from torch import _meta_registrations as meta_registrations
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree
@@ -53,6 +54,7 @@ def _fake_tracing() -> Iterator[FakeTensorMode]:
     so it assumes packed sequences and builds a full attention mask a real
     forward skips; the trace's batches are never packed, so that check says so.
     """
+    _notes.clear()
     patches: list[tuple[Any, str, Any]] = [
         (
             blocks,
@@ -69,6 +71,9 @@ def _fake_tracing() -> Iterator[FakeTensorMode]:
     # a fake kernel that refuses logs its traceback at ERROR level: the trace falls back instead
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     patches.append((quiet, "disabled", True))
+    common = getattr(meta_registrations, "_meta_grouped_mm_common", None)
+    if common is not None:
+        patches.append((meta_registrations, "_meta_grouped_mm_common", _grouped_mm_as_cpu(common)))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -79,6 +84,28 @@ def _fake_tracing() -> Iterator[FakeTensorMode]:
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+GROUPED_MM_NOTE = "_grouped_mm on fp32/fp16 shaped as the CPU kernel runs it"
+_notes: list[str] = []
+"""What the current trace assumed beyond the fake kernels (each said in the figure's path)."""
+
+
+def _grouped_mm_as_cpu(common: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's fake ``_grouped_mm`` checks CUDA's rule (bf16 inputs only); the CPU kernel a real
+    step runs (transformers' MoE experts) takes any float dtype and returns that dtype. Under
+    the trace it is shaped as the CPU kernel gives it."""
+
+    def shaped(mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, *args: Any, **kw: Any) -> Any:
+        dtype = mat_a.dtype
+        if scale_a is None and dtype == mat_b.dtype and dtype in (torch.float32, torch.float16):
+            if GROUPED_MM_NOTE not in _notes:
+                _notes.append(GROUPED_MM_NOTE)
+            half = (mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16))
+            return common(*half, scale_a, scale_b, *args, **kw).to(dtype)
+        return common(mat_a, mat_b, scale_a, scale_b, *args, **kw)
+
+    return shaped
 
 
 def _count(
@@ -463,7 +490,8 @@ def facts_from_model_file(
             except Exception as exc:  # the trace's limit, not the user's mistake
                 failed.append(f"{name}: {_reason(exc)}")
                 continue
-            label = name + (f" ({'; '.join(failed)} failed)" if failed else "")
+            reasons = [*_notes, *(f"{f} failed" for f in failed)]
+            label = name + (f" ({'; '.join(reasons)})" if reasons else "")
             return _model_file_facts(traced, seq_len, label)
     if real_step_limit is not None and meta is not None:
         states = 16 * sum(p.numel() for p in meta.parameters())
@@ -578,6 +606,7 @@ def _short_causal_facts(
                 layers=layers,
                 batch_sizes=batch_sizes,
             )
-    label = PATH_FAKE + (f" ({traced} of {layers} blocks, scaled)" if layers != traced else "")
+    reasons = [*_notes, *([f"{traced} of {layers} blocks, scaled"] if layers != traced else [])]
+    label = PATH_FAKE + (f" ({'; '.join(reasons)})" if reasons else "")
     specs = {k: v.model_copy(update={"path": label}) for k, v in specs.items()}
     return _facts(type(meta).__name__, meta, seq_len, specs)
