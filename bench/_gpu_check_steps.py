@@ -213,7 +213,7 @@ def run_profiles(run: Run, results: Results) -> None:
             continue
         path = _profile_path(run, key)
         cmd = [*autotune_cli(), "profile", str(run.model), "-b", str(key.micro_batch),
-               "--precision", "bf16", "--checkpointing", "on" if key.checkpoint_blocks else "off",
+               "--autocast", "bf16", "--checkpointing", "on" if key.checkpoint_blocks else "off",
                "--device", cfg.device, "--steps", str(cfg.profile_steps),
                "--warmup", str(cfg.profile_warmup), "--out", str(path), "--json"]  # fmt: skip
         done = run.command(f"profile-{key.slug()}", cmd, cap=180)

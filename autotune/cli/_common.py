@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from typer.core import TyperGroup
@@ -45,12 +45,17 @@ console = _LazyConsole(stderr=False)
 err_console = _LazyConsole(stderr=True)
 
 
-class PrecisionChoice(StrEnum):
-    """``--precision`` of profile and estimate: fp32, or autocast to a 16-bit type."""
+class AutocastChoice(StrEnum):
+    """``--autocast`` of profile and estimate: off (fp32), or torch.autocast to a 16-bit type."""
 
-    fp32 = "fp32"
+    off = "off"
     bf16 = "bf16"
     fp16 = "fp16"
+
+    @property
+    def precision(self) -> Literal["fp32", "bf16", "fp16"]:
+        """The profile record's ``config.precision``: fp32, bf16 or fp16 (autocast's dtype)."""
+        return {"off": "fp32", "bf16": "bf16", "fp16": "fp16"}[self.value]  # type: ignore[return-value]
 
 
 class Switch(StrEnum):

@@ -45,8 +45,18 @@ INTER_GBPS = typer.Option(
 )
 JSON = typer.Option(False, "--json", help="Print only the record as JSON on stdout.")
 
-# Flags renamed to torchrun's words; each is refused with one line naming the new ones.
+AUTOCAST = typer.Option(
+    None,
+    "--autocast",
+    help="off (fp32), or torch.autocast to bf16 or fp16 with fp32 weights. Not a plan's "
+    "precision=bf16, which means DeepSpeed's 16-bit weights.",
+)
+
+# Flags renamed (device counts to torchrun's words, autocast to its own word); each is
+# refused with one line naming the new ones.
 _RENAMED = {
+    "precision": "--precision: renamed to --autocast off|bf16|fp16 (precision= in a plan "
+    "means DeepSpeed's 16-bit weights)",
     "world_size": "--world-size: renamed; give --nproc-per-node N (devices per node) and "
     "--nnodes M (nodes): N x M devices in all",
     "gpus_per_node": "--gpus-per-node: renamed to --nproc-per-node",
@@ -55,6 +65,7 @@ _RENAMED = {
 RENAMED_WORLD_SIZE = typer.Option(None, "--world-size", hidden=True)
 RENAMED_GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", hidden=True)
 RENAMED_NODES = typer.Option(None, "--nodes", hidden=True)
+RENAMED_PRECISION = typer.Option(None, "--precision", hidden=True)
 
 
 def refuse_renamed(**given: object) -> None:

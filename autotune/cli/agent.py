@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
 def agent_command(
     storage: str = typer.Option(..., "--storage", help="The study's database URL, as given to `autotune tune --storage`."),
     study: str = typer.Option(..., "--study", help="The study's name, as given to `autotune tune --study`."),
-    idle_timeout: float = typer.Option(1800.0, "--idle-timeout", help="Exit after this many seconds without a trial to run."),
+    idle_timeout: float = typer.Option(1800.0, "--idle-timeout-s", "--idle-timeout", help="Exit after this many seconds without a trial to run."),
     workdir: str | None = typer.Option(None, "--workdir", help="Where spec and result files go (default: a temporary folder)."),
 ) -> None:  # fmt: skip
     """Launch this node's ranks of every trial `autotune tune --nnodes K` posts, until it ends.

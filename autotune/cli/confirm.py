@@ -78,7 +78,7 @@ def confirm_command(
             warmup=warmup,
             loss_tolerance=loss_tolerance,
             max_changes=max_changes,
-            progress=lambda line: err_console.print(line, markup=False),
+            progress=lambda line: err_console.print(line, markup=False, soft_wrap=True),
             machine=_options.machine(device=device, device_memory=device_memory, margin=margin),
             global_batch=global_batch,
             policy_path=policy,

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autotune.cli import _options
+from autotune.cli import _options, _source
 from autotune.cli._common import (
-    PrecisionChoice,
+    AutocastChoice,
     Switch,
     above,
     console,
@@ -19,7 +19,7 @@ from autotune.cli._common import (
     print_table,
     user_errors,
 )
-from autotune.records import AutotuneError, format_bytes, format_count, parse_count
+from autotune.records import AutotuneError, format_count, format_given_bytes, parse_count
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -41,15 +41,14 @@ def estimate_command(
     hf_config: Path | None = typer.Option(
         None, "--hf-config", help="A local transformers config.json."
     ),
+    task: str | None = _source.TASK,
     profiles: list[Path] = typer.Option(
         [],
         "--profile",
         help="A profile record: measured figures. Repeat with profiles that differ in batch "
         "size or checkpointing only, to fit fixed vs per-sample time and the recompute cost.",
     ),
-    precision: PrecisionChoice | None = typer.Option(
-        None, "--precision", help="As autotune profile."
-    ),
+    autocast: AutocastChoice | None = _options.AUTOCAST,
     checkpointing: Switch | None = typer.Option(
         None, "--checkpointing", help="As autotune profile."
     ),
@@ -92,6 +91,7 @@ def estimate_command(
     world_size: int | None = _options.RENAMED_WORLD_SIZE,
     gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
     nodes: int | None = _options.RENAMED_NODES,
+    precision: str | None = _options.RENAMED_PRECISION,
 ) -> None:
     """Predict per-device memory, fit, relative step time and communication of plans.
 
@@ -102,16 +102,17 @@ def estimate_command(
     with user_errors():
         from autotune.cli._check import read_check
 
-        _options.refuse_renamed(world_size=world_size, gpus_per_node=gpus_per_node, nodes=nodes)
+        _options.refuse_renamed(world_size=world_size, gpus_per_node=gpus_per_node, nodes=nodes,
+                                precision=precision)  # fmt: skip
         machine = _options.machine(device_memory=device_memory, margin=margin,
                                    nproc_per_node=nproc_per_node, nnodes=nnodes,
                                    inter_gbps=inter_gbps, intra_gbps=intra_gbps)  # fmt: skip
         checks = [read_check(text) for text in check]
         profile = profiles[0] if profiles else None
-        base, ckpt_all = _base_plan(batch_size, precision, checkpointing, profile)
+        base, ckpt_all = _base_plan(batch_size, autocast, checkpointing, profile)
         base = base.with_changes(gpus_per_node=machine.gpus_per_node, nodes=machine.nodes)
         facts = _facts(
-            model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans)
+            model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans), task
         )
         if ckpt_all:
             base = base.with_changes(checkpoint_blocks=facts.num_layers)
@@ -145,7 +146,7 @@ def register(app: typer.Typer) -> None:
 
 def _base_plan(
     batch_size: int | None,
-    precision: PrecisionChoice | None,
+    autocast: AutocastChoice | None,
     checkpointing: Switch | None,
     profile: Path | None,
 ) -> tuple[Plan, bool]:
@@ -164,8 +165,8 @@ def _base_plan(
         raise AutotuneError("--batch-size: required (or give --profile)")
     if batch_size is not None:
         values["micro_batch"] = batch_size
-    if precision is not None:
-        values["precision"] = AUTOCAST_PLAN_PRECISION[precision.value]
+    if autocast is not None:
+        values["precision"] = AUTOCAST_PLAN_PRECISION[autocast.precision]
     if checkpointing is not None:
         ckpt_all = checkpointing is Switch.on
     return Plan.model_validate(values), ckpt_all
@@ -195,6 +196,7 @@ def _facts(
     profiles: list[Path],
     seq_len: int | None,
     precisions: tuple[str, ...],
+    task: str | None = None,
 ) -> ModelFacts:
     """Measured figures from --profile, traced ones for precisions it lacks (MODEL / --hf-config)."""
     if model is not None and hf_config is not None:
@@ -207,13 +209,13 @@ def _facts(
             raise AutotuneError("--hf-config needs --seq-len (tokens per sample)")
         from autotune.runtime.trace_cache import entry, facts_from_hf_config_cached
 
-        cached = entry(hf_config, seq_len, precisions)
+        cached = entry(hf_config, seq_len, precisions, task)
         with (
             err_console.status(f"tracing {hf_config} on fake tensors ...")
             if cached is None or not cached.is_file()
             else contextlib.nullcontext()
         ):
-            traced, hit = facts_from_hf_config_cached(hf_config, seq_len, precisions)
+            traced, hit = facts_from_hf_config_cached(hf_config, seq_len, precisions, task)
         if hit:
             typer.echo(f"traced facts of {hf_config} from {cached}", err=True)
     if not profiles:
@@ -340,7 +342,11 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
     from rich.table import Table
 
     unit, scale = _unit(record)
-    budget = format_bytes(record.device_memory_bytes) if record.device_memory_bytes else "no budget"
+    budget = (
+        format_given_bytes(record.device_memory_bytes)
+        if record.device_memory_bytes
+        else "no budget"
+    )
     title = (
         f"{record.model}: {format_count(record.parameters)} parameters, L={record.num_layers}, "
         f"{_devices(record)}, device memory {budget} (margin {record.margin:.0%}); {unit} per device"

@@ -10,7 +10,7 @@ import typer
 
 from autotune.cli import _options, _source
 from autotune.cli._common import (
-    PrecisionChoice,
+    AutocastChoice,
     Switch,
     check_output,
     console,
@@ -33,9 +33,7 @@ def profile_command(
     steps: int = typer.Option(20, "--steps", min=1, help="Timed steps (medians reported)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Steps run first and dropped."),
     device: str | None = _options.DEVICE,
-    precision: PrecisionChoice = typer.Option(
-        PrecisionChoice.fp32, "--precision", help="fp32, or autocast bf16/fp16 with fp32 weights."
-    ),
+    autocast: AutocastChoice | None = _options.AUTOCAST,
     checkpointing: Switch = typer.Option(
         Switch.off, "--checkpointing", help="Checkpoint every block of the block stack."
     ),
@@ -43,23 +41,45 @@ def profile_command(
         Path("autotune-profile.json"), "--out", "-o", help="Where the JSON record is written."
     ),
     as_json: bool = _options.JSON,
+    precision: str | None = _options.RENAMED_PRECISION,
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
     seq_len: int | None = _source.SEQ_LEN,
-) -> None:
+    task: str | None = _source.TASK,
+    launch: list[str] | None = typer.Argument(None, show_default=False, help="After --: your own launch command (python train.py ..., torchrun ...): the model it builds is profiled on its first batch, in its process (instead of MODEL)."),
+    arg_map: list[str] = typer.Option([], "--arg-map", help="With -- COMMAND: KEY=--flag, the script flag that takes a DeepSpeed config key's value, e.g. train_micro_batch_size_per_gpu=--batch-size."),
+) -> None:  # fmt: skip
     """Run real training steps of MODEL and measure memory, time, FLOPs and the device."""
     device = device or "auto"
-    with user_errors(), _source.model_source(model, hf_config, hf_model, seq_len) as source:
+    autocast = autocast or AutocastChoice.off
+    with user_errors():
+        _options.refuse_renamed(precision=precision)
+    if launch and model:  # after --, the first token lands in MODEL's place: it is the command's
+        with user_errors():
+            check_output(out, "--out")
+            from autotune.api_scripts import profile_script
+            from autotune.records import write_record
+
+            record = profile_script([str(model), *launch], batch_size=batch_size, steps=steps,
+                                    warmup=warmup, device=device, arg_map=arg_map)  # fmt: skip
+            write_record(out, record)
+            if as_json:
+                print_json(record)
+            else:
+                print_table(render(record))
+                console.print(f"[dim]record written to {out}[/dim]")
+        return
+    with user_errors(), _source.model_source(model, hf_config, hf_model, seq_len, task) as source:
         check_output(out, "--out")
         from autotune.runtime.profiler import profile
 
         # Rebuilt from the parsed options (all of them, defaults included), so two
         # records say exactly how they differ however the command was typed.
         command = shlex.join(
-            ["autotune", "profile", *_source.source_args(model, hf_config, hf_model, seq_len)]
+            ["autotune", "profile", *_source.source_args(model, hf_config, hf_model, seq_len, task)]
             + ["--batch-size", str(batch_size)]
             + ["--steps", str(steps), "--warmup", str(warmup), "--device", device]
-            + ["--precision", precision.value, "--checkpointing", checkpointing.value]
+            + ["--autocast", autocast.value, "--checkpointing", checkpointing.value]
             + ["--out", str(out)]
             + (["--json"] if as_json else [])
         )
@@ -70,7 +90,7 @@ def profile_command(
                 steps=steps,
                 warmup=warmup,
                 device=device,
-                precision=precision.value,
+                precision=autocast.precision,
                 checkpointing=checkpointing is Switch.on,
                 progress=progress,
                 command=command,

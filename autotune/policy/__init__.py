@@ -10,9 +10,9 @@ from __future__ import annotations
 from autotune.policy._actions import ACTIONS, Action, Changes, Params, action_params
 from autotune.policy._advisor import policy_plan, suggest
 from autotune.policy._conditions import TESTS, Clause, ClauseError, parse_clause
+from autotune.policy._fact_builder import FactBuilder, baseline_plan, static_facts
 from autotune.policy._facts import FACT_KINDS, FactKind, Facts
 from autotune.policy._loader import Policy, Rule, default_policy_path, load_policy
-from autotune.policy._fact_builder import FactBuilder, baseline_plan, static_facts
 from autotune.policy._records import Evidence, Predicted, Suggestion, SuggestRecord
 
 __all__ = [

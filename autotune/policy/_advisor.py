@@ -8,9 +8,9 @@ from typing import Any
 
 from autotune.estimator import facts_from_profile, fit_step_time
 from autotune.policy._actions import ACTIONS
+from autotune.policy._fact_builder import FactBuilder
 from autotune.policy._facts import Facts
 from autotune.policy._loader import Policy, Rule, load_policy
-from autotune.policy._fact_builder import FactBuilder
 from autotune.policy._records import Evidence, Predicted, Suggestion, SuggestRecord
 from autotune.records import (
     DEFAULT_MARGIN,
@@ -20,6 +20,7 @@ from autotune.records import (
     ProfileRecord,
     format_bytes,
     fsdp2_equivalent,
+    parse_bytes,
 )
 
 
@@ -27,7 +28,7 @@ def suggest(
     profile: ProfileRecord,
     *,
     machine: Machine | None = None,
-    device_memory: int | None = None,
+    device_memory: int | str | None = None,
     world_size: int = 1,
     gpus_per_node: int | None = None,
     inter_gbps: float | None = None,
@@ -47,7 +48,8 @@ def suggest(
         machine: the target machine, budget and margin included (a budget not given is
             filled from the profile: :meth:`Machine.with_default_budget`). Without it, the
             next five arguments build one.
-        device_memory: per-device budget in bytes (default: the profiled device's, if known).
+        device_memory: per-device budget in bytes or with a unit ("80GiB"; default: the
+            profiled device's, if known).
         world_size: data-parallel devices in all.
         gpus_per_node: devices per node (default: all on one node).
         inter_gbps: inter-node link bandwidth in Gbit/s (``None``: unknown).
@@ -128,7 +130,7 @@ def policy_plan(profile: ProfileRecord, **options: Any) -> Plan:
 
 
 def _machine(
-    device_memory: int | None,
+    device_memory: int | str | None,
     world_size: int,
     gpus_per_node: int | None,
     inter_gbps: float | None,
@@ -142,6 +144,8 @@ def _machine(
         raise AutotuneError(
             f"--gpus-per-node: {per_node} does not divide --world-size {world_size}"
         )
+    if isinstance(device_memory, str):
+        device_memory = parse_bytes(device_memory, "device_memory")
     return Machine(device_memory=device_memory, gpus_per_node=per_node,
                    nodes=world_size // per_node, inter_gbps=inter_gbps, margin=margin)  # fmt: skip
 

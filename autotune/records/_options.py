@@ -32,7 +32,7 @@ class TuneOptions:
     budget_s: float | None = None
     """Stop starting trials after this much trial time (``--budget-minutes``, in seconds here)."""
     trial_timeout_s: float = TRIAL_TIMEOUT_S
-    """Seconds before a trial's process group is killed (``--trial-timeout``)."""
+    """Seconds before a trial's process group is killed (``--trial-timeout-s``)."""
     steps: int = 3
     """Fewest measured optimizer steps per trial (``--steps``)."""
     interval_width: float | None = 0.05
@@ -49,7 +49,7 @@ class TuneOptions:
     study_name: str | None = None
     """The study's name; ``None``: from the model, global batch and ranks (``--study``)."""
     heartbeat_s: int = HEARTBEAT_S
-    """Seconds between a running trial's heartbeats (``--heartbeat``)."""
+    """Seconds between a running trial's heartbeats (``--heartbeat-s``)."""
     profile_path: str | None = None
     """A saved profile instead of a short fresh one (``--profile``)."""
     policy_path: str | None = None
@@ -63,7 +63,7 @@ class TuneOptions:
     rdzv_endpoint: str | None = None
     """``HOST:PORT`` of the c10d rendezvous, needed with several nodes (``--rdzv-endpoint``)."""
     join_timeout_s: float = JOIN_TIMEOUT_S
-    """Seconds the nodes of a trial wait for each other (``--join-timeout``)."""
+    """Seconds the nodes of a trial wait for each other (``--join-timeout-s``)."""
     front: int = FRONT_SIZE
     """Plans of the predicted front queued early."""
     seed: int | None = None
@@ -73,11 +73,11 @@ class TuneOptions:
         for flag, value, low in (("--global-batch", self.global_batch, 1), ("--trials", self.trials, 1),
                                  ("--steps", self.steps, 1), ("--max-steps", self.max_steps, 1),
                                  ("--warmup", self.warmup, 0), ("--repeats", self.repeats, 0),
-                                 ("--heartbeat", self.heartbeat_s, 1)):  # fmt: skip
+                                 ("--heartbeat-s", self.heartbeat_s, 1)):  # fmt: skip
             if value < low:
                 raise AutotuneError(f"{flag}: must be >= {low} (got {value})")
-        for flag, seconds in (("--trial-timeout", self.trial_timeout_s),
-                              ("--join-timeout", self.join_timeout_s),
+        for flag, seconds in (("--trial-timeout-s", self.trial_timeout_s),
+                              ("--join-timeout-s", self.join_timeout_s),
                               ("--budget-minutes", self.budget_s)):  # fmt: skip
             if seconds is not None and seconds <= 0:
                 raise AutotuneError(f"{flag}: must be > 0 (got {seconds:g})")

@@ -232,7 +232,7 @@ def test_seed_throughput_rows_against_hand_counted_flops() -> None:
     rows = ["tokens_per_s=1240,tflops=112.5,device=A100",
             "ckpt=all,tokens_per_s=2150,tflops=185.2,device=A100"]  # fmt: skip
     args = ["estimate", "--hf-config", str(CONFIGS / "llama2_7b.json"), "--seq-len", "4096"]
-    args += ["-b", "2", "--precision", "bf16"] + [arg for row in rows for arg in ("--check", row)]
+    args += ["-b", "2", "--autocast", "bf16"] + [arg for row in rows for arg in ("--check", row)]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     first, second = (check["throughput"] for check in json.loads(result.stdout)["checks"])
