@@ -155,3 +155,11 @@ def _resolves(ref: str) -> bool:
         if value is not None:
             return True
     return False
+
+
+def test_the_readmes_python_block_calls_only_what_autotune_has() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    called = set(re.findall(r"\bautotune\.(\w+)", block))
+    assert {"recommend", "hf_training_arguments", "deepspeed_config", "tune"} <= called
+    assert [name for name in called if name not in autotune.__all__] == []
