@@ -162,3 +162,19 @@ def test_the_search_names_no_runtime_module_even_as_a_string() -> None:
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if "autotune.runtime" in line or "autotune/runtime" in line]  # fmt: skip
     assert found == []
+
+
+def test_every_path_the_layout_page_names_exists() -> None:
+    import re
+
+    # The layout page (docs/layout.md), or the README's Layout section where it still is.
+    page = REPO / "docs" / "layout.md"
+    text = (page if page.exists() else REPO / "README.md").read_text(encoding="utf-8")
+    layout = text.split("## Layout", 1)[1].split("\n## ", 1)[0] if "## Layout" in text else text
+    named = set(re.findall(r"`(autotune/[\w/.]+)`", layout))
+    assert len(named) > 15
+    assert sorted(path for path in named if not (REPO / path).exists()) == []
+    # and every stage folder is named
+    stages = {f"autotune/{p.name}/" for p in (REPO / "autotune").iterdir()
+              if p.is_dir() and not p.name.startswith("_")}  # fmt: skip
+    assert stages <= named
