@@ -207,6 +207,15 @@ def estimate_plan(
         notes.append(
             f"{plan.checkpoint_blocks} blocks checkpointed but the stack has {facts.num_layers}"
         )
+    overlap = zero.gloo_overlap_bytes(facts, plan)
+    if overlap:
+        high, seen = zero.GLOO_OVERLAP
+        notes.append(
+            f"over gloo (CPU) a rank's peak was one fp32 gradient partition higher "
+            f"(+{overlap:,.0f} bytes) in {high} of {seen} measured rank-peaks: gloo can still "
+            "hold the all-reduced bucket when the partition is allocated; the peak above is "
+            "the other, more frequent mode"
+        )
     psi = facts.trainable_parameters
     comm = zero.communication_elements(psi, plan.zero_stage, plan.world_size, plan.grad_accum)
     comm_bytes = comm * cm.communicated_bytes_per_element(plan.precision)

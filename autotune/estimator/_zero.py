@@ -462,3 +462,24 @@ def late_temporaries(facts: ModelFacts, plan: Plan) -> float:
     if plan.zero_stage == 1 and plan.grad_accum > 1:
         return 0.0
     return bucket_bytes(facts, plan)
+
+
+GLOO_OVERLAP = (9, 30)
+"""Rank-peaks one fp32 gradient partition above the low mode, of those measured: 3 of 10 run
+alone and 6 of 20 beside another trial (bench/zero_peak_spread.py, RESULTS.md)."""
+
+
+def gloo_overlap_bytes(facts: ModelFacts, plan: Plan) -> float:
+    """The high mode of a ZeRO-1/2 rank's peak over gloo (CPU), above what is predicted.
+
+    gloo's all_reduce keeps the flattened bucket alive in its work object past the call
+    until its worker thread releases it (bench/gloo_hold.py), so in some steps it is still
+    held when DeepSpeed allocates the fp32 gradient partition (s12:2192): the peak is then
+    one partition, 4 x trainable / N bytes, higher. The estimate predicts the low mode and
+    states this one beside it; 0 where it cannot happen (NCCL, one rank, stage 0 or 3).
+    """
+    if engine_moments(facts, plan) is None or facts.device_type != "cpu":
+        return 0.0
+    if plan.zero_stage not in (1, 2) or plan.world_size < 2:
+        return 0.0
+    return 4.0 * facts.trainable_parameters / plan.world_size

@@ -11,39 +11,19 @@ from typing import Any
 
 import pytest
 from _profiles import synthetic_profile
+from _search import FakePool
 from typer.testing import CliRunner
 
 import autotune
 from autotune import api
 from autotune.cli import app
 from autotune.records import AutotuneError, NotApplicable, Plan, write_record
-from autotune.search import TrialResult
-from autotune.search._runner import FakeRunner
 
 GiB = 2**30
 
 
-class _FakePool(FakeRunner):
-    """Stands in for the pooled runner: every trial 'runs' at once and fits."""
-
-    def __init__(self, **_: Any) -> None:
-        super().__init__(self._ok)
-
-    @staticmethod
-    def _ok(plan: Plan, settings: Any) -> TrialResult:
-        return TrialResult(completed_steps=2, samples_per_s=8.0 / plan.micro_batch,
-                           step_time=1.0, peak_memory_bytes=[GiB], peak_source="fake",
-                           device_memory=settings.device_memory)  # fmt: skip
-
-    def __enter__(self) -> _FakePool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def _tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_dir: Path) -> Any:
-    monkeypatch.setattr("autotune.api.PoolRunner", _FakePool)
+    monkeypatch.setattr("autotune.api.PoolRunner", FakePool)
     model = tmp_path / "model.py"
     model.write_text("# never imported: the fake runner does not build it\n")
     profile = write_record(tmp_path / "p.json", synthetic_profile(device="cpu", bf16_ratio=0.5))

@@ -388,3 +388,23 @@ def test_zero3_parts_and_peak_come_from_one_accounting(precision: str) -> None:
     fullest = max(sum(engine[m][c] for c in ("parameters", "gradients", "optimizer_states"))
                   for m in engine)  # fmt: skip
     assert est.memory.peak >= fullest + facts.buffers
+
+
+def test_the_gloo_overlap_mode_is_stated_beside_zero_1_2_figures_on_cpu() -> None:
+    from _profiles import synthetic_profile
+
+    from autotune.estimator import facts_from_profile
+
+    cpu = synthetic_profile(device="cpu")
+    psi = cpu.model.trainable_parameters  # from the record, not the facts under test
+    facts = facts_from_profile(cpu)
+
+    def overlap_notes(stage: int, ranks: int, on: ModelFacts = facts) -> list[str]:
+        plan = Plan(zero_stage=stage, gpus_per_node=ranks)
+        return [n for n in estimate_plan(on, plan).notes if "gloo" in n]
+
+    for stage in (1, 2):
+        (note,) = overlap_notes(stage, 2)
+        assert f"+{4 * psi / 2:,.0f} bytes" in note and "9 of 30" in note
+    assert overlap_notes(3, 2) == [] and overlap_notes(2, 1) == []
+    assert overlap_notes(2, 2, facts_from_profile(synthetic_profile(device="cuda"))) == []
