@@ -228,22 +228,24 @@ def run_fault(fault: Fault, root: Path, profile: Path) -> dict[str, object]:
 WAITS = {
     "stale-lock": "a stale `deepspeed_shm_comm/lock` in TORCH_EXTENSIONS_DIR at start (2 ranks)",
     "kill-build": "SIGKILL to `autotune tune` during DeepSpeed's first build; then the same command",
-    "host-lock": "another process holds this host's CPU lock for 20 s",
+    "host-lock": "another process holds this host's CPU lock until tune says it waits",
     "hang-ranks": "build_model hangs in every trial rank (--trial-timeout 20)",
     "changed-model": "the model file changed, then the same command (resume)",
 }
 HOLD = """
 import sys, time
-from autotune.search import device_units, host_lock
+from pathlib import Path
+from autotune.search._runner import device_units, host_lock
 with host_lock(device_units("cpu")):
-    time.sleep(float(sys.argv[1]))
+    while not Path(sys.argv[1]).exists():
+        time.sleep(0.05)
 """
 
 
 def _wait_run(folder: Path, profile: Path, name: str, env: dict[str, str],
-              kill_at: str | None = None) -> dict[str, object]:  # fmt: skip
+              kill_at: str | None = None, release: Path | None = None) -> dict[str, object]:  # fmt: skip
     """One tune run; its exit, seconds to end, survivors, stderr's lines; SIGKILL once
-    stderr shows ``kill_at``."""
+    stderr shows ``kill_at``; ``release`` made once it says it waits for a lock."""
     fault = Fault(name, "", nproc=2 if name == "stale-lock" else 1, trials=2,
                   timeout_s=20 if name == "hang-ranks" else 90)  # fmt: skip
     start = time.monotonic()
@@ -254,6 +256,8 @@ def _wait_run(folder: Path, profile: Path, name: str, env: dict[str, str],
     for line in iter(proc.stderr.readline, ""):
         watch.poll()
         lines.append(line.strip())
+        if release is not None and "waiting for the lock" in line:
+            release.touch()
         if kill_at is not None and kill_at in line:
             lock = Path(env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "lock"
             while not lock.exists():  # the builder holds torch's lock from here on
@@ -284,15 +288,17 @@ def run_wait(name: str, root: Path, profile: Path, built: Path) -> dict[str, obj
            "TORCH_EXTENSIONS_DIR": str(extensions)}  # fmt: skip
     holder = None
     if name == "host-lock":
-        holder = subprocess.Popen([sys.executable, "-c", HOLD, "20"], env=env)
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder / "release")], env=env)
         time.sleep(1.0)
     if name == "changed-model":
         first = _wait_run(folder, profile, name, env)
         (folder / "model.py").write_text(model.replace("nn.Linear(64, 1)", "nn.Linear(64, 2)"))
         assert first["exit"] == 0, first
     run = _wait_run(folder, profile, name, env,
-                    kill_at="building DeepSpeed's comm op" if name == "kill-build" else None)  # fmt: skip
+                    kill_at="building DeepSpeed's comm op" if name == "kill-build" else None,
+                    release=folder / "release" if holder is not None else None)  # fmt: skip
     if holder is not None:
+        (folder / "release").touch()  # also when tune never waited (then the row says so)
         holder.wait()
     then = "–"
     if name == "kill-build":

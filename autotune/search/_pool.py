@@ -33,7 +33,7 @@ from autotune.search._runner import (
 from autotune.search._waits import NOTICE_AFTER_S, say
 
 STARTS_BEFORE_GIVING_UP = 2
-"""Fresh groups of one rank count that may time out before any step, while none of that
+"""Trials of one rank count that may time out before their first step, while none of that
 rank count ever made one, before the tune stops: its ranks never get through start-up."""
 
 POLL_S = 0.02
@@ -161,7 +161,7 @@ class PoolRunner(SubprocessRunner):
         self.before_launch = before_launch
         self._groups: dict[tuple[int, str], _Group] = {}
         self._started: set[tuple[int, str]] = set()  # rank counts that made a step
-        self._stuck: dict[tuple[int, str], int] = {}  # fresh groups timed out before a step
+        self._stuck: dict[tuple[int, str], int] = {}  # trials timed out before a first step
         atexit.register(self.close)
 
     def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
@@ -172,7 +172,7 @@ class PoolRunner(SubprocessRunner):
             report = self._submit(plan, settings, warmup_only=False)
             if not (fresh and _failed_to_start(report)) or attempt > self.retries:
                 break
-        self._check_start(plan, settings, report, fresh)
+        self._check_start(plan, settings, report)
         duration = time.monotonic() - start
         return report.model_copy(update={"launches": attempt, "duration_s": duration})
 
@@ -186,16 +186,16 @@ class PoolRunner(SubprocessRunner):
                 raise AutotuneError(_stuck_message(plan, settings, report, "its start-up"))
         return time.monotonic() - start
 
-    def _check_start(self, plan: Plan, settings: TrialSettings, report: RunReport,
-                     fresh: bool) -> None:  # fmt: skip
-        """Stop the tune when fresh groups of a rank count keep timing out before any step
-        and none of that rank count ever made one (a model import or rendezvous that hangs)."""
+    def _check_start(self, plan: Plan, settings: TrialSettings, report: RunReport) -> None:
+        """Stop the tune when trials of a rank count keep timing out before their first step
+        and none of that rank count ever made one (a model import or rendezvous that hangs;
+        each such trial ran in a group of its own: a time-out ends the group)."""
         key = self._key(plan, settings)
         if report.result is not None and report.result.completed_steps > 0:
             self._started.add(key)
             self._stuck.pop(key, None)
             return
-        if not (fresh and report.timed_out) or key in self._started:
+        if not report.timed_out or key in self._started:
             return
         self._stuck[key] = self._stuck.get(key, 0) + 1
         if self._stuck[key] >= STARTS_BEFORE_GIVING_UP:

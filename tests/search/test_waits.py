@@ -21,7 +21,7 @@ HOLD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from autotune.search import device_units, host_lock
+    from autotune.search._runner import device_units, host_lock
     with host_lock(device_units("cpu")):
         Path(sys.argv[1]).write_text("held")
         while not Path(sys.argv[2]).exists():
