@@ -4,6 +4,7 @@ study through ``$AUTOTUNE_STORAGE``, then `autotune report` on its record."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,42 @@ def test_the_password_appears_nowhere(postgres_url: str, tmp_path: Path) -> None
     assert all(PASSWORD not in text for text in everything)
     # The report opened the study behind the masked URL ($AUTOTUNE_STORAGE's password).
     assert storage_url(shown) == storage_url(url) or os.environ.get(STORAGE_ENV) is None
+
+
+@pytest.mark.slow
+def test_agents_and_their_jobs_keep_the_password_out(postgres_url: str, tmp_path: Path) -> None:
+    import optuna
+
+    from autotune.search._runner import free_port
+
+    url = _with_password(postgres_url)
+    (tmp_path / "model.py").write_text(MODEL)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}  # fmt: skip
+    env.pop(STORAGE_ENV, None)
+    logs = [tmp_path / f"agent{i}.log" for i in range(2)]
+    agents = []
+    for log in logs:
+        with log.open("wb") as err:
+            agents.append(subprocess.Popen(
+                [AUTOTUNE, "agent", "--storage", url, "--study", "agents", "--idle-timeout",
+                 "300"], stdout=err, stderr=err, env=env, cwd=tmp_path))  # fmt: skip
+    try:
+        done = subprocess.run(
+            [AUTOTUNE, "tune", str(tmp_path / "model.py"), "--global-batch", "2", "--nproc",
+             "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--storage",
+             url, "--study", "agents", "--trials", "1", "--repeats", "0", "--steps", "1",
+             "--warmup", "0", "--device", "cpu", "--out-dir", str(tmp_path), "--json"],
+            capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)  # fmt: skip
+    finally:
+        for agent in agents:
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+    assert done.returncode == 0, done.stderr[-3000:]
+    attrs = optuna.load_study(study_name="agents", storage=storage_url(url)).user_attrs
+    assert any(key == "autotune:job" for key in attrs), "no job was posted"
+    everything = [done.stdout, done.stderr, json.dumps(attrs), _everything_written(tmp_path)]
+    assert all(PASSWORD not in text for text in everything)
