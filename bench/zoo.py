@@ -5,7 +5,8 @@ profiled and estimated from its config alone, against torch.profiler's memory ti
 
 Per model (``examples/zoo/zoo.json``: config, family, tokens per sample, micro-batch):
 its parameters; the measured peak (``autotune profile``'s tracker) against torch.profiler's
-memory timeline of a hand-written step (``tests/_reference.py``); the pre-run estimate
+memory timeline of a hand-written step (``tests/_reference.py``) and against torch's MemTracker
+(``tests/_memtracker.py``); the pre-run estimate
 (``autotune estimate --hf-config``: traced, nothing run at the micro-batch) against the
 measured peak, with the trace path it took; and the profile and estimate wall times.
 The micro-batch (4) is outside the trace's fit points (1 and 2). fp32, AdamW, CPU.
@@ -33,6 +34,7 @@ class Row:
     parameters: int
     measured: int
     reference: int
+    memtracker: int | None
     estimate: int
     path: str
     profile_s: float
@@ -41,6 +43,10 @@ class Row:
     @property
     def vs_reference(self) -> float:
         return self.measured / self.reference - 1
+
+    @property
+    def vs_memtracker(self) -> float | None:
+        return self.measured / self.memtracker - 1 if self.memtracker else None
 
     @property
     def vs_measured(self) -> float:
@@ -54,6 +60,7 @@ def zoo() -> dict[str, dict[str, object]]:
 
 def measure(name: str) -> Row:
     """Profile, reference and estimate one zoo model."""
+    from _memtracker import memtracker_peak
     from _reference import reference_step
 
     from autotune.estimator import estimate_plan
@@ -73,10 +80,11 @@ def measure(name: str) -> Row:
         record = profile(source.path, batch_size=batch, steps=1, warmup=1, device="cpu")
         profile_s = time.perf_counter() - start
         reference = reference_step(source.path, batch)
+        tracker = memtracker_peak(source.path, batch)
     path = facts.activations["fp32"].path or "?"
     return Row(
         name, str(entry["family"]), facts.parameters, record.memory.peak, reference.peak,
-        int(estimate), path, profile_s, estimate_s,
+        tracker, int(estimate), path, profile_s, estimate_s,
     )  # fmt: skip
 
 
@@ -85,26 +93,35 @@ def _short_path(path: str) -> str:
     return path.split(" (")[0]
 
 
+def _percent(share: float | None) -> str:
+    return "–" if share is None else f"{100 * share:+.2f} %"
+
+
 def table(rows: list[Row]) -> str:
     """The rows as a markdown table, then each fallback's reasons."""
     head = (
-        "| model | family | params | measured peak | torch.profiler | diff | estimate | diff "
-        "| estimate path | profile s | estimate s |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| model | family | params | measured peak | torch.profiler | diff | MemTracker diff "
+        "| estimate | diff | estimate path | profile s | estimate s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"| {r.name} | {r.family} | {r.parameters:,} | {r.measured / 2**20:.2f} MiB "
             f"| {r.reference / 2**20:.2f} MiB | {100 * r.vs_reference:+.2f} % "
+            f"| {_percent(r.vs_memtracker)} "
             f"| {r.estimate / 2**20:.2f} MiB | {100 * r.vs_measured:+.2f} % "
             f"| {_short_path(r.path)} | {r.profile_s:.1f} | {r.estimate_s:.1f} |"
         )
     within2 = sum(abs(r.vs_reference) <= 0.02 for r in rows)
+    compared = [r.vs_memtracker for r in rows if r.vs_memtracker is not None]
+    tracker2 = f"{sum(abs(x) <= 0.02 for x in compared)}/{len(compared)}"
     within5 = sum(abs(r.vs_measured) <= 0.05 for r in rows)
     lines.append("")
     lines.append(
         f"estimate succeeded: {len(rows)}/{len(rows)}; measured vs torch.profiler within 2 %: "
-        f"{within2}/{len(rows)}; estimate vs measured within 5 %: {within5}/{len(rows)}"
+        f"{within2}/{len(rows)}; vs MemTracker within 2 %: {tracker2}; "
+        f"estimate vs measured within 5 %: {within5}/{len(rows)}"
     )
     lines += [f"- {r.name}: {r.path}" for r in rows if "(" in r.path]
     return "\n".join(lines)
