@@ -263,8 +263,8 @@ def _watch(proc: subprocess.Popen[bytes], root: Path, deadline: float, timeout_s
                 say(f"waiting for the build lock {lock} held by pid "
                     f"{', '.join(map(str, others))} (another DeepSpeed build)"
                     if others else
-                    f"building DeepSpeed's comm op in {root / _OP} once for this machine "
-                    f"(about a minute; deadline {timeout_s:.0f} s)")  # fmt: skip
+                    f"building DeepSpeed's comm op in {root / _OP}, or loading it if built "
+                    f"(a first build takes about a minute; deadline {timeout_s:.0f} s)")  # fmt: skip
         time.sleep(_POLL_S)
     return cleared
 
