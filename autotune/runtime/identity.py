@@ -35,7 +35,9 @@ def _device(device: str) -> tuple[str, int]:
 
         if torch.cuda.is_available():
             return torch.cuda.get_device_name(0), torch.cuda.device_count()
-    return _cpu_name(), len(os.sched_getaffinity(0))
+    # The machine's CPUs, not this worker's share: workers split over one machine with
+    # taskset (the README's way) measure the same machine.
+    return _cpu_name(), os.cpu_count() or 1
 
 
 def _cpu_name() -> str:
