@@ -12,14 +12,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.api import make_predict
 from autotune.emit import code_changes_for
-from autotune.records import AutotuneError, Machine, Plan, TuneOptions
+from autotune.policy import policy_plan
+from autotune.records import (
+    AutotuneError,
+    Machine,
+    Plan,
+    ProfileRecord,
+    TuneOptions,
+    read_record,
+)
 from autotune.search import (
     Progress,
+    ScriptProbe,
     ScriptRunner,
     TrialRunner,
+    TrialSettings,
     TuneRecord,
     check_command,
+    command_ranks,
     parse_arg_map,
     trial_settings,
     tune,
@@ -28,9 +40,11 @@ from autotune.search import (
 GUARD_SHARE = 0.5
 """Share of the machine's available RAM all ranks of a trial may use together."""
 NO_PROFILE = (
-    "a script's trials have no profile: the estimate pruned no plan and the policy's rules were "
-    "not applied (tune a model file of the same model for those)"
+    "the script's model could not be profiled: the estimate pruned no plan and the policy's "
+    "rules were not applied"
 )
+# Knobs only the Trainer takes from outside the script (its loader and compile arguments).
+_TRAINER_ONLY = {"dataloader_workers": 0, "pin_memory": False, "compile": False}
 
 
 def check_script(
@@ -47,12 +61,23 @@ def check_script(
     """
     if machine.nodes != 1:
         raise AutotuneError(f"--nnodes {machine.nodes}: a script's trials run on this node only")
-    if options.profile_path or options.policy_path:
-        flag = "--profile" if options.profile_path else "--policy"
-        raise AutotuneError(f"{flag}: not used with -- COMMAND (a script's trials have no profile)")
     options.check_machine(machine)
     check_command(command, machine.gpus_per_node)
     return dict(arg_map) if isinstance(arg_map, Mapping) else parse_arg_map(arg_map)
+
+
+def _injectable(policy: Plan, probe: ScriptProbe | None) -> tuple[Plan, list[str]]:
+    """The policy's plan less what the script's entry point cannot take from outside: the
+    attention kernel (the script builds its model) and, but for the Trainer, loader and compile."""
+    drop: dict[str, object] = {"attention": "default"}
+    if probe is None or probe.entry != "trainer":
+        drop |= _TRAINER_ONLY
+    changed = [k for k, v in drop.items() if getattr(policy, k) != v]
+    if not changed:
+        return policy, []
+    note = (f"the policy's {', '.join(changed)} not applied: the script's entry point "
+            f"({probe.entry if probe else 'unknown'}) takes them only in the script's own code")  # fmt: skip
+    return policy.with_changes(**{k: drop[k] for k in changed}), [note]
 
 
 def _guard(nproc: int) -> int:
@@ -108,25 +133,69 @@ def tune_script(
     if runner is None:
         runner = ScriptRunner(command, hook_dir=HOOK_DIR, arg_map=mapping,
                               entry_points=ENTRY_POINTS)  # fmt: skip
+    saved = (
+        read_record(options.profile_path, ProfileRecord, "profile")
+        if options.profile_path
+        else None
+    )
     probe = None
     if isinstance(runner, ScriptRunner):
         first = options.baseline or Plan(
             micro_batch=options.global_batch // machine.gpus_per_node,
             gpus_per_node=machine.gpus_per_node,
         )
-        probe = runner.probe(first, settings)
+        probe = runner.probe(first, settings, profile=saved is None)
         if probe.parameters is not None:
             runner.env[PARAMETERS_ENV] = str(probe.parameters)
     blocks = probe.blocks if probe is not None else 0
     stack = probe.block_stack if probe is not None else None
+    record = saved or (probe.profile if probe is not None else None)
+    policy, predict, notes = None, None, [NO_PROFILE]
+    if record is not None:
+        machine = machine.with_default_budget(record)
+        settings = trial_settings(label, options, machine, _guard(machine.gpus_per_node))
+        policy, notes = _injectable(
+            policy_plan(record, machine=machine, global_batch=options.global_batch,
+                        policy_path=options.policy_path), probe,
+        )  # fmt: skip
+        predict = make_predict(record, machine)
 
     def changes(plan: Plan) -> list[Any]:
         return code_changes_for(plan, block_stack_path=stack, num_blocks=blocks or None)
 
     tuned = tune(label, options=options, machine=machine, settings=settings, runner=runner,
-                 blocks=blocks, code_changes=changes, progress=progress)  # fmt: skip
-    tuned = tuned.model_copy(update={"notes": [NO_PROFILE, *tuned.notes]})
+                 blocks=blocks, policy=policy, predict=predict, code_changes=changes,
+                 progress=progress)  # fmt: skip
+    tuned = tuned.model_copy(update={"notes": [*notes, *tuned.notes]})
     if tuned.recommendation is None or probe is None:
         return tuned
     rec = tuned.recommendation.model_copy(update={"parameters": probe.parameters})
     return tuned.model_copy(update={"recommendation": rec})
+
+
+def profile_script(
+    command: Sequence[str], *, batch_size: int, steps: int = 3, warmup: int = 1,
+    device: str = "auto", arg_map: Sequence[str] | Mapping[str, str] = (),
+    timeout_s: float = 600.0,
+) -> ProfileRecord:  # fmt: skip
+    """``autotune profile -- COMMAND``: the profiler's record of the model the script builds, fed
+    its own first batch (``batch_size`` samples: the script's loader must give that many, through
+    ``arg_map`` or its own flags), measured in the script's process on rank 0.
+
+    Raises:
+        AutotuneError: a bad command, a launch that fails, or a model that could not be profiled.
+    """
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
+    from autotune.runtime.trial.script import HOOK_DIR, trial_device
+
+    nproc = command_ranks(command) or 1
+    check_command(command, nproc)
+    mapping = dict(arg_map) if isinstance(arg_map, Mapping) else parse_arg_map(arg_map)
+    label = shlex.join(command)
+    settings = TrialSettings(model_file=label, steps=steps, warmup=warmup, device=trial_device(device),
+                             timeout_s=timeout_s, memory_guard=_guard(nproc))  # fmt: skip
+    runner = ScriptRunner(command, hook_dir=HOOK_DIR, arg_map=mapping, entry_points=ENTRY_POINTS)
+    probe = runner.probe(Plan(micro_batch=batch_size, gpus_per_node=nproc), settings, profile=True)
+    if probe.profile is None:
+        raise AutotuneError(f"--: the script's model could not be profiled: {probe.profile_error}")
+    return probe.profile

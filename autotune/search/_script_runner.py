@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
-from autotune.records import AutotuneError, Plan
+from autotune.records import AutotuneError, Plan, ProfileRecord
 from autotune.records import Record as _Record
 from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import RunReport, TrialSettings
@@ -25,6 +25,8 @@ SCRIPT_SPEC_ENV = "AUTOTUNE_SCRIPT_SPEC"
 """Names the trial spec in the launched processes (the hook acts only where it is set)."""
 PROBE_ENV = "AUTOTUNE_SCRIPT_PROBE"
 """Where a probe launch writes its :class:`ScriptProbe`."""
+PROFILE_ENV = "AUTOTUNE_SCRIPT_PROFILE"
+"""Where a probe launch writes the profile of the script's model and first batch."""
 
 ARG_KEYS: dict[str, Callable[[Plan], int]] = {
     "train_micro_batch_size_per_gpu": lambda plan: plan.micro_batch,
@@ -48,6 +50,14 @@ class ScriptProbe(_Record):
     blocks: int = 0
     block_stack: str | None = None
     parameters: int | None = None
+    entry: str | None = Field(
+        default=None,
+        description="the entry point that took the plan: trainer, deepspeed, accelerate",
+    )
+    profile_error: str | None = Field(default=None, description="why there is no profile")
+    profile: ProfileRecord | None = Field(
+        default=None, description="the model and first batch profiled (None: not asked, or failed)"
+    )
 
 
 def parse_arg_map(items: Sequence[str]) -> dict[str, str]:
@@ -133,6 +143,15 @@ def check_command(command: Sequence[str], nproc: int) -> None:
             )
 
 
+def command_ranks(command: Sequence[str]) -> int | None:
+    """The processes per node the command's launcher names (``None``: it names none)."""
+    kind, _ = launcher(command)
+    if kind not in _FLAGS:
+        return None
+    given = _flag(_launcher_flags(command), _FLAGS[kind][0])
+    return int(given) if given and given.isdigit() else None
+
+
 def map_args(tokens: list[str], plan: Plan, arg_map: Mapping[str, str]) -> list[str]:
     """``tokens`` with each mapped flag set to the plan's value (replaced, or appended)."""
     out = list(tokens)
@@ -194,6 +213,7 @@ class ScriptRunner(SubprocessRunner):
         self.arg_map = dict(arg_map or {})
         self._spec_path: Path | None = None
         self._probe_path: Path | None = None
+        self._profile_path: Path | None = None
 
     def command(self, plan: Plan, spec_path: Path, port: int) -> list[str]:
         """The user's command for ``plan`` (:func:`script_command`)."""
@@ -208,38 +228,48 @@ class ScriptRunner(SubprocessRunner):
         env[SCRIPT_SPEC_ENV] = str(self._spec_path)
         if self._probe_path is not None:
             env[PROBE_ENV] = str(self._probe_path)
+        if self._profile_path is not None:
+            env[PROFILE_ENV] = str(self._profile_path)
         return env
 
     def warm_up(self, plans: list[Plan], settings: TrialSettings) -> float:
         """Nothing: the composer's :meth:`probe` launch paid the start-up."""
         return 0.0
 
-    def probe(self, plan: Plan, settings: TrialSettings) -> ScriptProbe:
+    def probe(self, plan: Plan, settings: TrialSettings, *, profile: bool = False) -> ScriptProbe:
         """One launch that stops at the script's first forward: learns the model's block stack
         and size, pays start-up (DeepSpeed's comm-op compile), checks the micro-batch reaches
-        the script's loader.
+        the script's loader; with ``profile``, rank 0 also profiles the script's model on its
+        first batch (the profile's batch size is ``plan``'s micro-batch).
 
         Raises:
             AutotuneError: the launch failed; the line says why (the script's own line).
         """
         with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
             self._probe_path = Path(folder) / "probe.json"
+            self._profile_path = Path(folder) / "profile.json" if profile else None
             try:
                 report = self._launch(plan, settings, warmup_only=True)
-                text = (
-                    self._probe_path.read_text(encoding="utf-8")
-                    if self._probe_path.exists()
-                    else None
-                )
+                text = _read(self._probe_path)
+                profiled = _read(self._profile_path) if self._profile_path else None
             finally:
-                self._probe_path = None
+                self._probe_path = self._profile_path = None
         if text is not None and report.returncode == 0:
             try:
-                return ScriptProbe.model_validate_json(text)
+                found = ScriptProbe.model_validate_json(text)
+                if profiled is None:
+                    return found
+                return found.model_copy(
+                    update={"profile": ProfileRecord.model_validate_json(profiled)}
+                )
             except ValidationError:
                 pass
         reason = _failure(report)
         raise AutotuneError(f"--: the script's first launch ({plan.describe()}) failed: {reason}")
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.exists() else None
 
 
 def _failure(report: RunReport) -> str:
@@ -251,5 +281,5 @@ def _failure(report: RunReport) -> str:
     return outcome_reason(outcome, report.result, report.stderr_tail) or outcome
 
 
-__all__ = ["ARG_KEYS", "PROBE_ENV", "SCRIPT_SPEC_ENV", "ScriptProbe", "ScriptRunner",
-           "check_command", "launcher", "map_args", "parse_arg_map", "script_command"]  # fmt: skip
+__all__ = ["ARG_KEYS", "PROBE_ENV", "PROFILE_ENV", "SCRIPT_SPEC_ENV", "ScriptProbe", "ScriptRunner",
+           "check_command", "command_ranks", "launcher", "map_args", "parse_arg_map", "script_command"]  # fmt: skip

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from autotune.api import deepspeed_config
-from autotune.api_scripts import tune_script
+from autotune.api_scripts import NO_PROFILE, tune_script
 from autotune.records import Machine, Plan, TuneOptions
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.runtime.trial.script import HOOK_DIR
@@ -76,8 +76,9 @@ def test_a_script_raising_at_step_3_is_a_crash_with_its_line_and_the_study_goes_
         [*DS_SCRIPT, "--fail-at-step", "3"], options=_options(tmp_path, 4),
         machine=Machine(device="cpu"), arg_map=MICRO_BATCH_FLAG,
     )  # fmt: skip
-    assert len(record.trials) == 2  # the first crash did not end the study
-    for trial in record.trials:
+    ran = [trial for trial in record.trials if trial.outcome is not None]
+    assert len(ran) == 2  # the first crash did not end the study
+    for trial in ran:
         assert trial.outcome == "crash"
         where = f"{SCRIPTS / 'deepspeed_train.py'}:{line})"
         assert trial.reason == f"RuntimeError: planned failure at step 3 ({where}"
@@ -128,6 +129,8 @@ def test_tune_each_script_on_two_ranks_and_its_config_trains_it(case: str, tmp_p
     command = [part.replace("{tmp}", str(tmp_path)) for part in command]
     record = tune_script(command, options=_options(tmp_path, 8),
                          machine=Machine(device="cpu", gpus_per_node=2), arg_map=arg_map)  # fmt: skip
+    assert NO_PROFILE not in record.notes  # profiled in the script: estimate and policy apply
+    assert any(t.predicted_peak_bytes for t in record.trials)
     ok = [t for t in record.trials if t.outcome == "ok"]
     assert ok, [t.reason for t in record.trials]
     for trial in ok:
@@ -139,3 +142,20 @@ def test_tune_each_script_on_two_ranks_and_its_config_trains_it(case: str, tmp_p
     config.write_text(json.dumps(deepspeed_config(rec, world_size=2)), encoding="utf-8")
     out = _trains(recommended_run(rec.plan, config, tmp_path), tmp_path)
     assert out["finite"] and len(out["losses"]) == 3
+
+
+def test_profile_of_a_script_is_the_model_files_profile(tmp_path: Path) -> None:
+    """``autotune profile -- COMMAND`` profiles the script's own model and first batch in its
+    process; the model file of the same model, profiled the usual way, is the reference."""
+    from autotune.api_scripts import profile_script
+    from autotune.runtime.profiler import profile
+
+    script = profile_script(DS_SCRIPT, batch_size=2, steps=2, warmup=1, device="cpu",
+                            arg_map=MICRO_BATCH_FLAG)  # fmt: skip
+    reference = profile(SCRIPTS / "tiny_model.py", batch_size=2, steps=2, warmup=1, device="cpu")
+    assert script.model.parameters == reference.model.parameters
+    assert script.model.block_stack is not None and script.model.block_stack.count == 4
+    assert script.model.tokens_per_sample == 64
+    assert script.memory.activations == reference.memory.activations
+    print("profile peaks: model file", reference.memory.peak, "script", script.memory.peak)
+    assert abs(script.memory.peak - reference.memory.peak) <= 0.02 * reference.memory.peak

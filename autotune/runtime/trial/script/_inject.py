@@ -78,7 +78,12 @@ def training_arguments(current: ScriptTrial) -> dict[str, Any]:
 
     settings = current.settings
     measured = settings.max_steps if settings.interval_width is not None else settings.steps
-    fields = hf_training_arguments(current.plan)
+    plan = current.plan
+    fields = hf_training_arguments(plan)
+    if plan.precision.startswith("amp_") and not uses_engine(current):
+        # Without DeepSpeed the Trainer's bf16/fp16 is autocast over fp32 weights: amp. With it
+        # the config's torch_autocast section does it, and the switches must stay off.
+        fields["bf16" if plan.precision == "amp_bf16" else "fp16"] = True
     fields.update(
         gradient_checkpointing=False, activation_checkpointing=False,  # blocks: _attach
         max_steps=settings.warmup + measured + 2,  # the trial stops the run itself before
@@ -193,16 +198,14 @@ def _watch_engine(current: ScriptTrial, engine: Any) -> None:
 def accelerator_arguments(current: ScriptTrial) -> dict[str, Any]:
     """``Accelerator`` keywords for the plan: precision, accumulation, the DeepSpeed plugin."""
     plan = current.plan
+    engine = uses_engine(current)
+    # Accelerate's own bf16/fp16 is autocast (amp); under DeepSpeed the config decides.
+    own = {"bf16": "bf16", "fp16": "fp16"} if engine else {"amp_bf16": "bf16", "amp_fp16": "fp16"}
     fields: dict[str, Any] = {
-        "mixed_precision": {
-            "bf16": "bf16",
-            "fp16": "fp16",
-            "amp_bf16": "bf16",
-            "amp_fp16": "fp16",
-        }.get(plan.precision, "no"),  # fmt: skip
+        "mixed_precision": own.get(plan.precision, "no"),
         "gradient_accumulation_steps": plan.grad_accum,
     }
-    if uses_engine(current):
+    if engine:
         from accelerate.utils import DeepSpeedPlugin
 
         fields["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=plan_config(current))

@@ -70,6 +70,8 @@ class ScriptTrial:
         self._cuda: int | None = None
         self._checked = False
         self._last_end: float | None = None
+        self._profiling = False
+        self.profile_error: str | None = None
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -108,12 +110,14 @@ class ScriptTrial:
     # -- events ---------------------------------------------------------------------------
 
     def _before_forward(self, module: Any, args: Any, kwargs: Any) -> None:
+        if self._profiling:
+            return
         now = time.perf_counter()
         if not self._checked:
             self._checked = True
             self._check_batch(args, kwargs)
             if self.spec.warmup_only:
-                self._finish_probe()
+                self._finish_probe(kwargs)
             self.steps.first_step_at = time.time()
             self._start = now
         if self._phase is None:  # the step began where the last one ended (its data wait too)
@@ -124,6 +128,8 @@ class ScriptTrial:
         self._forward_at = now
 
     def _after_forward(self, module: Any, args: Any, output: Any) -> None:
+        if self._profiling:
+            return
         if self._phase is not None and self._forward_at is not None:
             now = time.perf_counter()
             self._phase.forward += now - self._forward_at
@@ -132,7 +138,7 @@ class ScriptTrial:
 
     def _after_backward(self, tensors: Any, start: float) -> None:
         phase = self._phase
-        if phase is None:
+        if phase is None or self._profiling:
             return
         now = time.perf_counter()
         phase.backward += now - start
@@ -144,6 +150,8 @@ class ScriptTrial:
 
     def step_end(self) -> None:
         """One optimizer step is over (every rank reaches it together)."""
+        if self._profiling:
+            return
         phase, self._phase = self._phase, None
         if phase is None:
             return
@@ -220,14 +228,37 @@ class ScriptTrial:
         self._write(result)
         self._exit(shut_down)
 
-    def _finish_probe(self) -> None:
-        from autotune.runtime.trial.steps import shut_down
-        from autotune.search import PROBE_ENV
+    def _finish_probe(self, batch: dict[str, Any]) -> None:
+        from autotune.runtime.trial.steps import ranks, shut_down
+        from autotune.search import PROBE_ENV, PROFILE_ENV
 
+        if os.environ.get(PROFILE_ENV) and ranks()[0] == 0:
+            self._profile(batch, Path(os.environ[PROFILE_ENV]))
         if self.writer and os.environ.get(PROBE_ENV):
-            Path(os.environ[PROBE_ENV]).write_text(self.probe.model_dump_json(), encoding="utf-8")
+            probe = self.probe.model_copy(
+                update={"entry": self.owner, "profile_error": self.profile_error}
+            )
+            Path(os.environ[PROBE_ENV]).write_text(probe.model_dump_json(), encoding="utf-8")
         self._write(TrialResult(engine="deepspeed" if self.deepspeed else "torch"))
         self._exit(shut_down)
+
+    def _profile(self, batch: dict[str, Any], out: Path) -> None:
+        """The model-file profiler on the script's model and first batch (rank 0 only); a
+        script whose model takes no keyword batch gets none, and says why."""
+        from autotune.runtime.trial.script._profile import profile_script
+
+        if not batch:
+            self.profile_error = "its model's forward takes no keyword batch (model(**batch))"
+            return
+        self._profiling = True
+        try:
+            record = profile_script(self.model, dict(batch), batch_size=self.plan.micro_batch,
+                                    device=self.settings.device, label=self.settings.model_file)  # fmt: skip
+            write_record(out, record)
+        except Exception as exc:  # the probe still stands; the composer runs without a profile
+            self.profile_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        finally:
+            self._profiling = False
 
     def _exit(self, shut_down: Any) -> None:
         global _TRIAL
