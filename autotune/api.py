@@ -184,6 +184,7 @@ def tune_model(
     machine: Machine | None = None,
     runner: TrialRunner | None = None,
     progress: Callable[[Progress], None] | None = None,
+    notice: Callable[[str], None] | None = None,
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
@@ -205,6 +206,8 @@ def tune_model(
         runner: launches trials (default: a pooled runner here; over several nodes, the
             agents through the study).
         progress: called after each trial.
+        notice: called with a line when the model has been profiled and the trial workers
+            start: what the wait before the first trial is.
         hf_config: a transformers config instead of a model file (random init).
         hf_model: weights to load with ``from_pretrained`` instead of a model file.
         seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
@@ -221,7 +224,7 @@ def tune_model(
         if options.study_name is None:
             name = f"{src.stem}-g{options.global_batch}-n{machine.gpus_per_node}"
             options = dataclasses.replace(options, study_name=name)
-        return _tune_file(str(src.path), src.label, options, machine, runner, progress)
+        return _tune_file(str(src.path), src.label, options, machine, runner, progress, notice)
 
 
 def _tune_file(
@@ -231,6 +234,7 @@ def _tune_file(
     machine: Machine,
     runner: TrialRunner | None,
     progress: Callable[[Progress], None] | None,
+    notice: Callable[[str], None] | None = None,
 ) -> TuneRecord:
     check_tune(options, machine, model_path, launches=runner is None)
     assert options.study_name is not None
@@ -268,15 +272,21 @@ def _tune_file(
                                 num_blocks=stack.count if stack else None)  # fmt: skip
 
     predict = make_predict(record, machine, refine)
+    if notice is not None:  # the model ran: what remains before the first trial is start-up
+        notice("starting the trial workers (a first DeepSpeed start compiles its comm op: "
+               "about a minute)")  # fmt: skip
     if runner is None and machine.nodes == 1:  # DeepSpeed's comm op, built once with a deadline
         from autotune.runtime.extensions import prepare_deepspeed
 
         prepare_deepspeed(machine.device, settings.timeout_s)
     with contextlib.ExitStack() as owned:
         if runner is None:
+            from autotune.runtime.extensions import recover_build_locks
             from autotune.runtime.trial.entry_points import ENTRY_POINTS
 
-            runner = owned.enter_context(PoolRunner(entry_points=ENTRY_POINTS))
+            runner = owned.enter_context(
+                PoolRunner(entry_points=ENTRY_POINTS, before_launch=recover_build_locks)
+            )
         elif isinstance(runner, AgentRunner):
             owned.callback(runner.close)
         tuned = tune(

@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
 
 
 def agent_command(
-    storage: str = typer.Option(..., "--storage", help="The study's database URL, as given to `autotune tune --storage`."),
+    storage: str = typer.Option(..., "--storage", envvar="AUTOTUNE_STORAGE", help="The study's database URL, as given to `autotune tune --storage` (or AUTOTUNE_STORAGE, which keeps a password off the command line)."),
     study: str = typer.Option(..., "--study", help="The study's name, as given to `autotune tune --study`."),
     idle_timeout: float = typer.Option(1800.0, "--idle-timeout-s", "--idle-timeout", help="Exit after this many seconds without a trial to run."),
     workdir: str | None = typer.Option(None, "--workdir", help="Where spec and result files go (default: a temporary folder)."),

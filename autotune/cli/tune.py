@@ -103,7 +103,7 @@ def tune_command(
             from autotune.api_scripts import check_script
 
             check_script(script, options, machine, arg_map)
-        check_out_dir(out_dir, "--out-dir")
+        check_out_dir(out_dir, f"--out-dir {out_dir}")
         with _ProgressView(trials, quiet=not err_console.is_terminal) as view:
             if script is not None:
                 from autotune.api_scripts import tune_script
@@ -113,7 +113,7 @@ def tune_command(
             else:
                 record = tune_model(str(model) if model else None, options=options, machine=machine,
                                 hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
-                                progress=view.update)  # fmt: skip
+                                progress=view.update, notice=view.notice)  # fmt: skip
         written = _write_outputs(record, out_dir, machine.world_size)
         if json_output:
             print_json(record)
@@ -187,10 +187,13 @@ class _ProgressView:
 
     def __enter__(self) -> _ProgressView:
         self.progress.start()
-        if self.lines:
-            self._say("profiling the model, then starting the trial workers (a first DeepSpeed "
-                      "start compiles its comm op: about a minute)")  # fmt: skip
         return self
+
+    def notice(self, line: str) -> None:
+        """A start-up line: in the log as it comes, on a terminal as the bar's text."""
+        self.progress.update(self.task, description=line)
+        if self.lines:
+            self._say(line)
 
     def __exit__(self, kind: object, *exc: object) -> None:
         if kind is not None:  # the error line says what happened; the bar goes
