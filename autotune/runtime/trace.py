@@ -466,7 +466,7 @@ def facts_from_model_file(
 
     Args:
         real_step_limit: bytes the real-step path may take for the model's states (parameters,
-            gradients, Adam's two moments: 16 per parameter); ``None``: no limit.
+            gradients, Adam's two moments: 16 per parameter); default: half the memory available.
 
     Raises:
         AutotuneError: anything wrong with the model file (what the real path meets), or
@@ -493,7 +493,9 @@ def facts_from_model_file(
             reasons = [*_notes, *(f"{f} failed" for f in failed)]
             label = name + (f" ({'; '.join(reasons)})" if reasons else "")
             return _model_file_facts(traced, seq_len, label)
-    if real_step_limit is not None and meta is not None:
+    if real_step_limit is None:
+        real_step_limit = int(psutil.virtual_memory().available // 2)
+    if meta is not None:
         states = 16 * sum(p.numel() for p in meta.parameters())
         if states > real_step_limit:
             raise model_file.error(
@@ -563,13 +565,10 @@ def facts_from_hf_config(
         except Exception as exc:  # the trace's limit, not the user's mistake
             failed = f"{PATH_FAKE} on {trace_layers} blocks: {_reason(exc)}"
     text, _, stem = hf.hf_model_file(hf_config=str(path), seq_len=seq_len, task=task)
-    limit = int(psutil.virtual_memory().available // 2)
     with tempfile.TemporaryDirectory(prefix="autotune-hf-") as directory:
         file = Path(directory) / f"{stem}.py"
         file.write_text(text, encoding="utf-8")
-        facts = facts_from_model_file(
-            file, precisions=precisions, batch_sizes=batch_sizes, real_step_limit=limit
-        )
+        facts = facts_from_model_file(file, precisions=precisions, batch_sizes=batch_sizes)
     if failed is None:
         return facts
     specs = {

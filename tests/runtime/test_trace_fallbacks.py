@@ -136,3 +136,13 @@ def test_a_model_that_no_path_can_run_is_the_users_error_in_one_line(tmp_path: P
     message = str(raised.value)
     assert message.startswith(str(path)) and "missing" in message and "\n" not in message
     assert "fake" not in message  # the trace's own limits never become the user's error
+
+
+def test_the_real_step_path_refuses_a_model_over_its_limit(tmp_path: Path) -> None:
+    _, forward, _ = CASES["data_dependent_forward"]
+    path = _file(tmp_path, "pass", forward)
+    with pytest.raises(AutotuneError) as raised:
+        facts_from_model_file(path, precisions=("fp32",), real_step_limit=1024)
+    message = str(raised.value)
+    assert "no trace path can run without a real step" in message and "\n" not in message
+    assert "--profile" in message
