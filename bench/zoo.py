@@ -1,7 +1,7 @@
 """The zoo: transformers' own model classes at tiny sizes (random init, no downloads), each
 profiled and estimated from its config alone, against torch.profiler's memory timeline.
 
-    .venv/bin/python bench/zoo.py [NAME ...]
+    .venv/bin/python bench/zoo.py [--device cuda] [NAME ...]
 
 Per model (``examples/zoo/zoo.json``: config, family, tokens per sample, micro-batch):
 its parameters; the measured peak (``autotune profile``'s tracker) against torch.profiler's
@@ -10,6 +10,10 @@ memory timeline of a hand-written step (``tests/_reference.py``) and against tor
 (``autotune estimate --hf-config``: traced, nothing run at the micro-batch) against the
 measured peak, with the trace path it took; and the profile and estimate wall times.
 The micro-batch (4) is outside the trace's fit points (1 and 2). fp32, AdamW, CPU.
+
+``--device cuda`` (``bench/gpu_check.py``'s zoo step): the profile runs on the GPU and the
+reference is ``torch.cuda.max_memory_allocated`` around a hand-written step (torch.profiler's
+and MemTracker's CPU columns are left out); the estimate is the same CPU trace.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def zoo() -> dict[str, dict[str, object]]:
     return json.loads((ZOO / "zoo.json").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
 
 
-def measure(name: str) -> Row:
+def measure(name: str, device: str = "cpu") -> Row:
     """Profile, reference and estimate one zoo model."""
     from _memtracker import memtracker_peak
     from _reference import reference_step
@@ -77,15 +81,49 @@ def measure(name: str) -> Row:
     estimate_s = time.perf_counter() - start
     with hf.model_source(None, hf_config=str(config), seq_len=seq_len) as source:
         start = time.perf_counter()
-        record = profile(source.path, batch_size=batch, steps=1, warmup=1, device="cpu")
+        record = profile(source.path, batch_size=batch, steps=1, warmup=1, device=device)
         profile_s = time.perf_counter() - start
-        reference = reference_step(source.path, batch)
-        tracker = memtracker_peak(source.path, batch)
+        if device == "cuda":
+            reference, tracker = cuda_reference(source.path, batch), None
+        else:
+            reference = reference_step(source.path, batch).peak
+            tracker = memtracker_peak(source.path, batch)
     path = facts.activations["fp32"].path or "?"
     return Row(
-        name, str(entry["family"]), facts.parameters, record.memory.peak, reference.peak,
+        name, str(entry["family"]), facts.parameters, record.memory.peak, reference,
         tracker, int(estimate), path, profile_s, estimate_s,
     )  # fmt: skip
+
+
+def cuda_reference(path: Path, batch_size: int) -> int:
+    """``torch.cuda.max_memory_allocated`` of the second of two hand-written AdamW steps."""
+    import itertools
+
+    import torch
+    from _reference import load_module
+
+    module = load_module(path)
+    torch.manual_seed(0)
+    model = module.build_model().cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters())
+    batches = (module.build_batch(batch_size) for _ in itertools.count())
+
+    def step() -> None:
+        batch = {
+            k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in next(batches).items()
+        }
+        loss = model(**batch).loss
+        loss.backward()
+        del loss, batch
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
 
 
 def _short_path(path: str) -> str:
@@ -97,10 +135,10 @@ def _percent(share: float | None) -> str:
     return "–" if share is None else f"{100 * share:+.2f} %"
 
 
-def table(rows: list[Row]) -> str:
+def table(rows: list[Row], reference: str = "torch.profiler") -> str:
     """The rows as a markdown table, then each fallback's reasons."""
     head = (
-        "| model | family | params | measured peak | torch.profiler | diff | MemTracker diff "
+        f"| model | family | params | measured peak | {reference} | diff | MemTracker diff "
         "| estimate | diff | estimate path | profile s | estimate s |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
@@ -119,7 +157,7 @@ def table(rows: list[Row]) -> str:
     within5 = sum(abs(r.vs_measured) <= 0.05 for r in rows)
     lines.append("")
     lines.append(
-        f"estimate succeeded: {len(rows)}/{len(rows)}; measured vs torch.profiler within 2 %: "
+        f"estimate succeeded: {len(rows)}/{len(rows)}; measured vs {reference} within 2 %: "
         f"{within2}/{len(rows)}; vs MemTracker within 2 %: {tracker2}; "
         f"estimate vs measured within 5 %: {within5}/{len(rows)}"
     )
@@ -127,15 +165,19 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(names: list[str]) -> None:
+def main(argv: list[str]) -> None:
     import torch
 
-    torch.set_num_threads(1)
+    device = "cpu"
+    if argv[:1] == ["--device"]:
+        device, argv = argv[1], argv[2:]
+    if device == "cpu":
+        torch.set_num_threads(1)
     rows = []
-    for name in names or list(zoo()):
-        rows.append(measure(name))
+    for name in argv or list(zoo()):
+        rows.append(measure(name, device))
         print(f"{name}: done", file=sys.stderr, flush=True)
-    print(table(rows))
+    print(table(rows, "torch.cuda max allocated" if device == "cuda" else "torch.profiler"))
 
 
 if __name__ == "__main__":
