@@ -145,6 +145,8 @@ class Results:
     profiled: dict[PlanKey, int] = field(default_factory=dict)
     measured: dict[PlanKey, Measured] = field(default_factory=dict)
     tune: TuneFigures | None = None
+    zoo: str | None = None
+    """``bench/zoo.py``'s table on this device, as it printed it."""
     skipped: list[str] = field(default_factory=list)
     errors: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -314,6 +316,8 @@ def markdown(results: Results) -> str:
         lines += _plans_section(results)
     if results.tune is not None:
         lines += _tune_section(results.tune)
+    if results.zoo is not None:
+        lines += [f"## Zoo: `{results.commands.get('zoo', 'bench/zoo.py')}`", "", results.zoo, ""]
     if results.skipped or results.errors:
         lines += ["## Not run, or failed", ""]
         lines += [f"- {item}" for item in results.skipped]

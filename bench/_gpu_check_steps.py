@@ -291,6 +291,19 @@ def run_tune(run: Run, results: Results) -> None:
         results.errors.append(("autotune tune", results.tune.error, results.tune.log_tail))
 
 
+def run_zoo(run: Run, results: Results) -> None:
+    """``bench/zoo.py`` on the check's device: transformers' architectures from configs, the
+    profile's peak against the device's own counter and the estimate (one model when smoke)."""
+    names = ["bert"] if run.smoke else []
+    cmd = [sys.executable, "bench/zoo.py", "--device", run.config.device, *names]
+    results.commands["zoo"] = " ".join(["python", *cmd[1:]])
+    done = run.command("zoo", cmd, cap=600)
+    if done.returncode == 0:
+        results.zoo = done.stdout.strip()
+    else:
+        _failed(run, results, "zoo", done, "bench/zoo.py")
+
+
 Step = Callable[[Run, Results], None]
 STEPS: list[tuple[str, str, Step]] = [
     # (--only key, name, the step)
@@ -300,4 +313,5 @@ STEPS: list[tuple[str, str, Step]] = [
     ("estimate", "estimate (profile)", run_profile_estimate),
     ("tune", "autotune tune", run_tune),
     ("deepspeed", "DeepSpeed bf16 plans", run_deepspeed_plans),
+    ("zoo", "zoo (bench/zoo.py)", run_zoo),
 ]

@@ -60,14 +60,14 @@ GPU = Config(
     trial_steps=3, trial_warmup=1, tune_ladder=(32, 16, 8, 4), trial_s=30, pytest_target=("tests",),
     time_limit=480.0,
     min_seconds={"pytest": 60, "trace": 20, "profiles": 30, "estimate": 10, "tune": 90,
-                 "deepspeed": 40},
+                 "deepspeed": 40, "zoo": 60},
 )  # fmt: skip
 SMOKE = Config(
     model="tiny", device="cpu", micro_batches=(2,), profile_steps=2, profile_warmup=1,
     trial_steps=1, trial_warmup=0, tune_ladder=(2, 1), trial_s=20,
     pytest_target=("tests/runtime/test_gpu.py",), time_limit=300.0,
     min_seconds={"pytest": 10, "trace": 10, "profiles": 15, "estimate": 5, "tune": 40,
-                 "deepspeed": 20},
+                 "deepspeed": 20, "zoo": 20},
 )  # fmt: skip
 
 
