@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 from accelerate import Accelerator
@@ -50,7 +51,9 @@ def main() -> None:
                     raise RuntimeError(f"planned failure at step {args.fail_at_step}")
             if len(losses) == args.steps:
                 break
-    if accelerator.is_main_process:
+    # Rank 0 by the launcher's variable: on a CPU under DeepSpeed, Accelerate (1.x) counts one
+    # process per rank (num_processes 1), so every rank would say it is the main one.
+    if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({"losses": losses, "finite": all(torch.isfinite(torch.tensor(losses)))}))
 
 

@@ -36,3 +36,25 @@ def test_bad_script_input_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith(line)
     assert result.stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--", "make", "train"], "autotune: --: make: not a launch command autotune knows"),
+        (["--", "python", "missing_train.py"], "autotune: --: missing_train.py: no such script"),
+        (
+            ["--arg-map", "x=--y", "--", "python", SCRIPT],
+            "autotune: --arg-map x=--y: use KEY=--flag",
+        ),
+    ],
+)
+def test_profile_of_a_bad_command_is_one_line_and_exit_2(
+    args: list[str], line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["profile", "--batch-size", "2", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line)
+    assert list(tmp_path.iterdir()) == []
