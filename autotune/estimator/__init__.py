@@ -16,6 +16,11 @@ from autotune.estimator._claims import (
 from autotune.estimator._costmodel import (
     train_days,
 )
+from autotune.estimator._device_flops import (
+    PEAK_DTYPE,
+    device_peak_flops,
+    table_peak_flops,
+)
 from autotune.estimator._estimator import (
     EstimateRecord,
     PlanEstimate,
@@ -34,11 +39,6 @@ from autotune.estimator._modelfacts import (
 from autotune.estimator._peakmodel import (
     CATEGORIES,
     moments,
-)
-from autotune.estimator._device_flops import (
-    PEAK_DTYPE,
-    device_peak_flops,
-    table_peak_flops,
 )
 from autotune.estimator._zero import (
     BUCKET_SIZE,

@@ -11,8 +11,8 @@ from typing import Literal
 
 from autotune.estimator import _costmodel as cm
 from autotune.estimator import _zero as zero
-from autotune.estimator._modelfacts import ModelFacts
 from autotune.estimator._device_flops import PEAK_DTYPE, device_peak_flops
+from autotune.estimator._modelfacts import ModelFacts
 from autotune.estimator._throughput import ThroughputCheck, check_throughput, plan_flops_per_token
 from autotune.records import AutotuneError, Plan
 from autotune.records import Record as _Record

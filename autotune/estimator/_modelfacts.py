@@ -32,6 +32,10 @@ class ActivationSpec(_Record):
         default=0.0, description="of those, one block's (not saved when it is checkpointed)"
     )
     source: Source
+    path: str | None = Field(
+        default=None,
+        description="how a trace got them (autotune.runtime.trace.PATHS); None: a profile",
+    )
 
     def weight_copies(self, blocks: int, checkpoint_blocks: int) -> float:
         """Autocast's weight copies at their highest with k blocks checkpointed: a
@@ -65,6 +69,11 @@ class TracedMoment(_Record):
     plan: Plan
     peak: int
     at_peak: AtPeak
+    optimizer_temporaries: float | None = Field(
+        default=None,
+        description="the optimizer step's transient bytes, from a smaller traced step that peaked "
+        "there (this one peaked in backward); None: not traced",
+    )
 
 
 class Baseline(_Record):
@@ -190,6 +199,15 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
 
 
 def activation_spec(facts: ModelFacts, precision: str) -> tuple[ActivationSpec, str | None]:
+    """:func:`_activation_spec`, its note saying which trace path gave the figures."""
+    spec, note = _activation_spec(facts, precision)
+    paths = sorted({s.path for s in facts.activations.values() if s.path})
+    return spec, "; ".join(
+        [*([note] if note else []), *(f"activations {p}" for p in paths)]
+    ) or None
+
+
+def _activation_spec(facts: ModelFacts, precision: str) -> tuple[ActivationSpec, str | None]:
     """The activation figures for a plan precision, and a note when they are derived.
 
     Figures measured or traced at another precision are converted by formula:

@@ -72,7 +72,8 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
             "gradients": states.gradients,
             "activations": 0.0,
             "autocast_weight_copies": 0.0,
-            "temporaries": buckets if plan.zero_stage >= 3 else 0.0,
+            "temporaries": (buckets if plan.zero_stage >= 3 else 0.0)
+            + ((facts.traced_moment and facts.traced_moment.optimizer_temporaries) or 0.0),
         },
     }
     if k and fig.blocks:

@@ -141,7 +141,8 @@ def test_recommend_without_search_profiles_and_asks_the_policy(examples_dir: Pat
 def test_recommend_with_search_returns_the_tuned_recommendation(
     examples_dir: Path, tmp_path: Path
 ) -> None:
-    from autotune.search import FakeRunner, TrialResult
+    from autotune.search import TrialResult
+    from autotune.search._runner import FakeRunner
 
     def behaviour(plan: Plan, settings: Any) -> TrialResult:
         speed = 10.0 + plan.micro_batch  # made up: bigger micro-batches are faster

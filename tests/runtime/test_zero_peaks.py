@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from _models import mlp_stack
 
-from autotune.search import free_port
+from autotune.search._runner import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
