@@ -188,6 +188,7 @@ def tune_model(
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
+    task: str | None = None,
     **fields: Any,
 ) -> TuneRecord:
     """Everything ``autotune tune`` does before and around :func:`autotune.search.tune`.
@@ -211,6 +212,8 @@ def tune_model(
         hf_config: a transformers config instead of a model file (random init).
         hf_model: weights to load with ``from_pretrained`` instead of a model file.
         seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
+        task: the head to build with ``hf_config``/``hf_model`` (default: the config's
+            ``architectures``; :func:`autotune.runtime.hf.model_source`).
         **fields: fields of :class:`TuneOptions` and :class:`Machine`, when those are not given.
 
     Example:
@@ -220,7 +223,8 @@ def tune_model(
 
     options, machine = tune_records(options, machine, fields)
     check_tune(options, machine, launches=runner is None)
-    with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len) as src:
+    with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
+                      task=task) as src:  # fmt: skip
         if options.study_name is None:
             name = f"{src.stem}-g{options.global_batch}-n{machine.gpus_per_node}"
             options = dataclasses.replace(options, study_name=name)
@@ -338,6 +342,7 @@ def recommend(
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
+    task: str | None = None,
     **fields: Any,
 ) -> Recommendation:
     """The whole loop from Python: profile, then the policy's plan or a tuning search.
@@ -366,6 +371,7 @@ def recommend(
         hf_model: weights to load with ``from_pretrained`` (a local directory, or a
             Hub name), fed synthetic token batches.
         seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
+        task: the head to build with ``hf_config``/``hf_model`` (default: from the config).
         **fields: fields of :class:`Machine` and (with ``search``) of :class:`TuneOptions`.
 
     Returns:
@@ -398,7 +404,7 @@ def recommend(
         from autotune.runtime.hf import model_source
 
         with model_source(model_file_or_callables, hf_config=hf_config, hf_model=hf_model,
-                          seq_len=seq_len) as source:  # fmt: skip
+                          seq_len=seq_len, task=task) as source:  # fmt: skip
             rec = _recommend(source.path, search, options, machine, runner)
         return rec.model_copy(update={"model_file": source.label})
     with tempfile.TemporaryDirectory(prefix="autotune-hooks-") as directory:
@@ -579,6 +585,7 @@ def confirm(
     hf_config: str | None = None,
     hf_model: str | None = None,
     seq_len: int | None = None,
+    task: str | None = None,
     machine: Machine | None = None,
     global_batch: int | None = None,
     policy_path: str | Path | None = None,
@@ -601,6 +608,7 @@ def confirm(
         hf_config: a transformers config instead of a model file (random init, token batches).
         hf_model: weights to load with ``from_pretrained`` instead of a model file.
         seq_len: tokens per sample, with ``hf_config`` or ``hf_model``.
+        task: the head to build with ``hf_config``/``hf_model`` (default: from the config).
         machine: the target machine the policy plans for; or its fields as keywords
             (``device_memory`` in bytes or as ``"80GiB"``, ``margin``, ...).
         global_batch: the target global batch the policy keeps.
@@ -621,7 +629,8 @@ def confirm(
         _, machine = tune_records(None, None, {"global_batch": 1, "device": where, **fields})
     elif fields:
         raise AutotuneError(f"confirm: {', '.join(fields)} given beside machine=")
-    with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len) as src:
+    with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
+                      task=task) as src:  # fmt: skip
         return _confirm_file(
             src.path, src.label, batch_size=batch_size, profile=profile, device=where,
             steps=steps, repeats=repeats, warmup=warmup, loss_tolerance=loss_tolerance,

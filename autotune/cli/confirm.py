@@ -54,6 +54,7 @@ def confirm_command(
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
     seq_len: int | None = _source.SEQ_LEN,
+    task: str | None = _source.TASK,
 ) -> None:
     """Profile a baseline, then keep each proposed change only if measured faster (or needed to fit)."""
     with user_errors():
@@ -85,6 +86,7 @@ def confirm_command(
             hf_config=hf_config,
             hf_model=hf_model,
             seq_len=seq_len,
+            task=task,
         )
         write_record(output, record)
         if json_output:

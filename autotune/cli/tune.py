@@ -64,6 +64,7 @@ def tune_command(
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
     seq_len: int | None = _source.SEQ_LEN,
+    task: str | None = _source.TASK,
     command: list[str] | None = typer.Argument(None, show_default=False, help="After --: your own launch command (python train.py ..., torchrun ..., accelerate launch ..., deepspeed ...), run unchanged in each trial with the plan injected (instead of MODEL)."),
     arg_map: list[str] = typer.Option([], "--arg-map", help="With -- COMMAND: KEY=--flag, the script flag that takes a DeepSpeed config key's value, e.g. train_micro_batch_size_per_gpu=--batch-size (repeatable)."),
 ) -> None:  # fmt: skip
@@ -113,7 +114,7 @@ def tune_command(
             else:
                 record = tune_model(str(model) if model else None, options=options, machine=machine,
                                 hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
-                                progress=view.update, notice=view.notice)  # fmt: skip
+                                task=task, progress=view.update, notice=view.notice)  # fmt: skip
         written = _write_outputs(record, out_dir, machine.world_size)
         if json_output:
             print_json(record)

@@ -143,3 +143,17 @@ def test_the_readmes_python_block_calls_only_what_autotune_has() -> None:
     called = set(re.findall(r"\bautotune\.(\w+)", block))
     assert {"recommend", "hf_training_arguments", "deepspeed_config", "tune"} <= called
     assert [name for name in called if name not in autotune.__all__] == []
+
+
+def test_tune_takes_the_head_from_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # BERT's config names its masked-LM head; --task picks another for the same config.
+    monkeypatch.setattr("autotune.api.PoolRunner", FakePool)
+    config = Path(__file__).resolve().parents[2] / "examples" / "zoo" / "bert.json"
+    args = ["tune", "--hf-config", str(config), "--seq-len", "16", "--task",
+            "sequence-classification", "--global-batch", "4", "--device", "cpu", "--trials", "1",
+            "--repeats", "0", "--storage", str(tmp_path / "s.db"), "--out-dir", str(tmp_path),
+            "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert "--task sequence-classification" in record["model_file"]
