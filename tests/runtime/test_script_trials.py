@@ -18,7 +18,7 @@ from autotune.api_scripts import NO_PROFILE, tune_script
 from autotune.records import Machine, Plan, TuneOptions
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.runtime.trial.script import HOOK_DIR
-from autotune.search import ScriptRunner, SubprocessRunner, TrialSettings
+from autotune.search import ScriptRunner, SubprocessRunner, TrialResult, TrialSettings
 
 pytestmark = pytest.mark.slow
 
@@ -39,25 +39,46 @@ def _options(tmp_path: Path, global_batch: int) -> TuneOptions:
                        storage=str(tmp_path / "study.db"))  # fmt: skip
 
 
-def test_script_trial_peak_is_the_model_file_trials(tmp_path: Path) -> None:
-    """The same model, optimizer and plan: per rank within 2 % (the model-file worker is the
-    independent reference: it builds the engine and runs the steps itself)."""
-    plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2, gpus_per_node=2)
-    settings = TrialSettings(model_file=str(SCRIPTS / "tiny_model.py"), steps=2, warmup=1,
-                             device="cpu", timeout_s=300, interval_width=None)  # fmt: skip
-    reference = SubprocessRunner(entry_points=ENTRY_POINTS, workdir=tmp_path).run(plan, settings)
-    runner = ScriptRunner(DS_SCRIPT, hook_dir=HOOK_DIR, arg_map=MICRO_BATCH_FLAG,
+PEAK_PLAN = Plan(zero_stage=2, micro_batch=2, grad_accum=2, gpus_per_node=2)
+PEAK_SETTINGS = TrialSettings(model_file=str(SCRIPTS / "tiny_model.py"), steps=2, warmup=1,
+                              device="cpu", timeout_s=300, interval_width=None)  # fmt: skip
+PEAK_SCRIPTS = {
+    "hf_trainer": ([sys.executable, str(SCRIPTS / "hf_trainer_train.py"), "--output_dir",
+                    "{tmp}/hf", "--report_to", "none"], {}),
+    "deepspeed": (DS_SCRIPT, MICRO_BATCH_FLAG),
+    "accelerate": ([sys.executable, str(SCRIPTS / "accelerate_train.py")], MICRO_BATCH_FLAG),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_file_trial(tmp_path_factory: pytest.TempPathFactory) -> TrialResult:
+    """The reference: the model-file worker builds the engine and runs the steps itself."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    runner = SubprocessRunner(entry_points=ENTRY_POINTS, workdir=tmp_path_factory.mktemp("ref"))
+    report = runner.run(PEAK_PLAN, PEAK_SETTINGS)
+    assert report.result is not None and report.returncode == 0, report.stderr_tail
+    return report.result
+
+
+@pytest.mark.parametrize("case", list(PEAK_SCRIPTS))
+def test_script_trial_peak_is_the_model_file_trials(
+    case: str, model_file_trial: TrialResult, tmp_path: Path
+) -> None:
+    """The same model, optimizer and plan: per rank within 2 %."""
+    command, arg_map = PEAK_SCRIPTS[case]
+    command = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    runner = ScriptRunner(command, hook_dir=HOOK_DIR, arg_map=arg_map,
                           entry_points=ENTRY_POINTS, workdir=tmp_path)  # fmt: skip
-    script = runner.run(plan, settings)
-    assert reference.result is not None and script.result is not None, script.stderr_tail
+    script = runner.run(PEAK_PLAN, PEAK_SETTINGS)
+    assert script.result is not None, script.stderr_tail
     assert script.returncode == 0 and script.result.error is None
-    for result in (reference.result, script.result):
+    for result in (model_file_trial, script.result):
         assert result.peak_source == "cpu_live_tensors" and result.engine == "deepspeed"
         assert len(result.peak_memory_bytes) == 2
-    print("peaks: model file", reference.result.peak_memory_bytes,
+    print(f"{case} peaks: model file", model_file_trial.peak_memory_bytes,
           "script", script.result.peak_memory_bytes)  # fmt: skip
     for measured, expected in zip(
-        script.result.peak_memory_bytes, reference.result.peak_memory_bytes, strict=True
+        script.result.peak_memory_bytes, model_file_trial.peak_memory_bytes, strict=True
     ):
         assert abs(measured - expected) <= 0.02 * expected
     # The rest of the record a model-file trial writes, measured in the script.

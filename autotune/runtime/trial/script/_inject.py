@@ -88,9 +88,18 @@ def training_arguments(current: ScriptTrial) -> dict[str, Any]:
         gradient_checkpointing=False, activation_checkpointing=False,  # blocks: _attach
         max_steps=settings.warmup + measured + 2,  # the trial stops the run itself before
         use_cpu=settings.device == "cpu",
-        deepspeed=plan_config(current, hf_auto=True) if uses_engine(current) else None,
+        deepspeed=_trainer_config(current) if uses_engine(current) else None,
     )  # fmt: skip
     return fields
+
+
+def _trainer_config(current: ScriptTrial) -> dict[str, Any]:
+    """The plan's config with ``"auto"`` where the Trainer checks its arguments against it, but
+    ZeRO's bucket sizes explicit, as the emitted ``ds_config.json`` has them (the Trainer's own
+    "auto" would size them by the hidden size, and the peak with them)."""
+    config = plan_config(current, hf_auto=True)
+    config["zero_optimization"] = plan_config(current)["zero_optimization"]
+    return config
 
 
 def patch_training_arguments(module: ModuleType) -> None:
@@ -157,8 +166,8 @@ def patch_deepspeed(module: ModuleType) -> None:
         if model is not None:
             _attach(current, model)
         current.deepspeed = True
+        parameters = sum(p.numel() for p in model.parameters()) if model is not None else None
         if current.claim("deepspeed"):
-            parameters = sum(p.numel() for p in model.parameters()) if model is not None else None
             bound.arguments["config"] = plan_config(
                 current, base=_script_config(bound), parameters=parameters
             )
@@ -170,11 +179,27 @@ def patch_deepspeed(module: ModuleType) -> None:
                 script_args = copy.copy(script_args)
                 script_args.deepspeed_config = None
                 bound.arguments["args"] = script_args
+        else:  # the Trainer's or Accelerator's call: the plan is in; size ZeRO's buckets now
+            _size_buckets(current, bound, parameters)
         result = original(*bound.args, **bound.kwargs)
         _watch_engine(current, result[0])
         return result
 
     module.initialize = initialize  # type: ignore[attr-defined]
+
+
+def _size_buckets(
+    current: ScriptTrial, bound: inspect.BoundArguments, parameters: int | None
+) -> None:
+    """The plan's ZeRO section sized to the model, as a model-file trial's: the Trainer and
+    Accelerate built their config before the model was known (DeepSpeed's default buckets
+    hold 5e8 elements each, and the peak with them)."""
+    key = "config" if bound.arguments.get("config") is not None else "config_params"
+    given = bound.arguments.get(key)
+    if parameters is None or not isinstance(given, dict):
+        return
+    sized = plan_config(current, parameters=parameters)["zero_optimization"]
+    bound.arguments[key] = {**given, "zero_optimization": sized}
 
 
 def _watch_engine(current: ScriptTrial, engine: Any) -> None:
