@@ -61,6 +61,11 @@ def check_script(
     """
     if machine.nodes != 1:
         raise AutotuneError(f"--nnodes {machine.nodes}: a script's trials run on this node only")
+    if "fsdp2" in options.engines:
+        raise AutotuneError(
+            "--engines fsdp2: a script's trials inject DeepSpeed only (the FSDP2 plugin is not "
+            "injected into Trainer or Accelerate scripts); tune a model file for FSDP2"
+        )
     options.check_machine(machine)
     check_command(command, machine.gpus_per_node)
     return dict(arg_map) if isinstance(arg_map, Mapping) else parse_arg_map(arg_map)

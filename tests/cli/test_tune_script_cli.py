@@ -22,6 +22,8 @@ SCRIPT = str(Path(__file__).resolve().parents[2] / "examples" / "scripts" / "dee
          "autotune: --arg-map micro=--batch-size: use KEY=--flag with KEY one of"),
         (["--nproc", "2", "--", "torchrun", "--nproc-per-node=4", SCRIPT],
          "autotune: --nproc 2: the command launches 4 per node"),
+        (["--nproc", "2", "--engines", "deepspeed,fsdp2", "--", "python", SCRIPT],
+         "autotune: --engines fsdp2: a script's trials inject DeepSpeed only"),
         (["--nnodes", "2", "--", "python", SCRIPT],
          "autotune: --nnodes 2: a script's trials run on this node only"),
     ],
