@@ -80,8 +80,9 @@ def _injectable(policy: Plan, probe: ScriptProbe | None) -> tuple[Plan, list[str
     changed = [k for k, v in drop.items() if getattr(policy, k) != v]
     if not changed:
         return policy, []
-    note = (f"the policy's {', '.join(changed)} not applied: the script's entry point "
-            f"({probe.entry if probe else 'unknown'}) takes them only in the script's own code")  # fmt: skip
+    entry = probe.entry if probe is not None else None
+    note = (f"the policy's {', '.join(changed)} not applied (trials ran without): only the "
+            f"script's own code sets them (its entry point: {entry or 'unknown'})")  # fmt: skip
     return policy.with_changes(**{k: drop[k] for k in changed}), [note]
 
 
