@@ -20,11 +20,11 @@ from autotune.cli import app
         (["missing.py", "--global-batch", "4"], "missing.py: no such model file"),
         (
             ["{model}", "--global-batch", "3", "--nproc", "2"],
-            "--global-batch 3 does not split over --nproc 2",
+            "--global-batch 3 does not split over --nproc-per-node 2",
         ),
         (
-            ["{model}", "--global-batch", "4", "--out-dir", "nowhere"],
-            "--out-dir nowhere: directory nowhere does not exist",
+            ["{model}", "--global-batch", "4", "--out-dir", "{model}/runs"],
+            "is not a directory",
         ),
         (["{model}", "--global-batch", "4", "--baseline", "mb=x"], "--baseline"),
         (["{model}", "--global-batch", "4", "--device-memory", "lots"], "--device-memory"),
