@@ -20,7 +20,9 @@ from typing import Any
 from _gpu_check_report import TuneFigures, TuneRow
 
 from autotune.records import Plan
-from autotune.search import enqueue, make_space, open_study, records
+from autotune.search import open_study, records
+from autotune.search._space import make_space
+from autotune.search._study import enqueue
 
 STUDY = "gpu-check"
 POLICY = """# The default policy without torch.compile: compiling a 1.1B model costs about a minute

@@ -38,7 +38,10 @@ def config(
     ),
     nvme_path: str | None = typer.Option(None, "--nvme-path", help="Directory for NVMe offload."),
     profile: Path | None = typer.Option(
-        None, "--profile", help="A profile.json: refuse a 16-bit type its device does not support."
+        None,
+        "--profile",
+        help="A profile.json: refuse a 16-bit type its device does not support; "
+        "for engine=fsdp2, the model's block stack the code shards and checkpoints.",
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write the config here (atomically); without it, print it."
@@ -104,33 +107,42 @@ def _write_fsdp2(
     rec: Any, world_size: int | None, profile: Path | None, out: Path | None,
     framework: str, as_json: bool,
 ) -> None:  # fmt: skip
-    """The FSDP2 deliverable: the Accelerate config to ``--out``, the rest printed."""
+    """The FSDP2 deliverable: the Accelerate config (YAML) to ``--out``, the rest printed."""
     from autotune.api import fsdp2_config
+    from autotune.emit import accelerate_fsdp_yaml, block_stack_expression
     from autotune.records import atomic_write_text
 
     stack = _block_stack(profile) if profile else None
     result = fsdp2_config(
         rec,
         world_size=world_size,
-        block_stack=f"model.{stack.path}" if stack else None,
+        block_stack=block_stack_expression(stack.path) if stack else None,
         layer_class=stack.block_class if stack else None,
+        num_blocks=stack.count if stack else None,
     )
+    config_file = accelerate_fsdp_yaml(result["accelerate_config"])
     if out is not None:
-        # JSON is YAML too: accelerate reads it whatever the file's suffix
-        atomic_write_text(out, json.dumps(result["accelerate_config"], indent=2) + "\n")
-    if as_json or out is None and framework == "deepspeed":
+        atomic_write_text(out, config_file)
+    if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return
     if out is not None:
         console.print(f"wrote {out}  (Accelerate FSDP2 config, plan {result['plan']})",
                       markup=False, soft_wrap=True)  # fmt: skip
+    accelerate = [("Accelerator", result["accelerate_code"])]
+    if out is None:
+        accelerate.insert(0, ("accelerate launch --config_file (YAML)", config_file.rstrip()))
     shown = {
         "torch": [("fully_shard", result["code"])],
-        "accelerate": [("Accelerator", result["accelerate_code"])],
+        "accelerate": accelerate,
         "hf_trainer": [("TrainingArguments", json.dumps(result["hf_trainer"], indent=2))],
     }
+    if framework == "deepspeed":  # the default: no DeepSpeed here, so every FSDP2 form
+        err_console.print("note: engine=fsdp2 has no DeepSpeed config; its FSDP2 forms follow "
+                          "(--framework torch, accelerate or hf_trainer for one)",
+                          markup=False, soft_wrap=True)  # fmt: skip
     for what, text in shown.get(framework, [(k, v) for items in shown.values() for k, v in items]):
-        console.print(f"\n# {what} ({framework}):", markup=False, soft_wrap=True)
+        console.print(f"\n# {what} ({result['plan']}):", markup=False, soft_wrap=True)
         console.print(text, markup=False, soft_wrap=True)
     for note in result["notes"]:
         err_console.print(f"note: {note}", markup=False, soft_wrap=True)

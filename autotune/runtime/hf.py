@@ -122,6 +122,50 @@ def _looks_local(source: str) -> bool:
     )
 
 
+HUB_PROBE_S = 3.0
+"""Seconds to wait for a TCP connection to the Hub before calling it unreachable."""
+
+
+def _cached_hub_config(name: str) -> Any | None:
+    """The Hub name's config from the local cache, without the network; ``None`` if absent."""
+    import transformers
+
+    try:
+        return transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+    except Exception:  # not cached (OSError) or not readable: the Hub decides
+        return None
+
+
+def _check_hub_reachable(where: str) -> None:
+    """Fail at once, on one line, when the Hub's host cannot be reached: huggingface_hub
+    would retry each download five times (about 25 s) before saying the same.
+
+    Behind a proxy (``HTTPS_PROXY``, ``ALL_PROXY``) or with ``HF_HUB_OFFLINE`` the Hub
+    library decides, as it does every time the host answers.
+    """
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(name) for name in proxies):
+        return
+    url = urlsplit(constants.ENDPOINT)
+    host, port = (
+        url.hostname or "huggingface.co",
+        url.port or (443 if url.scheme == "https" else 80),
+    )
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_S).close()
+    except OSError as exc:
+        raise AutotuneError(
+            f"{where}: not in the local Hugging Face cache and {host} cannot be reached "
+            f"({exc.strerror or type(exc).__name__}); give a local config.json or model directory"
+        ) from None
+
+
 def load_config(source: str | Path, flag: str = "--hf-config") -> Any:
     """A transformers config from a ``config.json``, a model directory, or a Hub name.
 
@@ -141,6 +185,11 @@ def load_config(source: str | Path, flag: str = "--hf-config") -> Any:
         raise AutotuneError(f"{where}: no such file or directory")
     import transformers
 
+    if not local:
+        cached = _cached_hub_config(str(source))
+        if cached is not None:
+            return config_from_dict(cached.to_dict(), where)
+        _check_hub_reachable(where)
     try:
         config = transformers.AutoConfig.from_pretrained(str(source), local_files_only=local)
     except Exception as exc:  # OSError (missing, offline), ValueError (unknown type)

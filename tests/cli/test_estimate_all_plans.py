@@ -1,0 +1,100 @@
+"""`autotune estimate --all-plans`: a plan column, the plans that fit first by predicted speed,
+the best marked, and ``--top N``; checked against the JSON record of the same estimate."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from _profiles import synthetic_profile
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.records import Plan, parse_plan
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    path = tmp_path_factory.mktemp("estimate") / "profile.json"
+    path.write_text(synthetic_profile(parameters=7_000_000_000, layers=32).model_dump_json())
+    return ["estimate", "--profile", str(path), "--all-plans", "--nproc-per-node", "8",
+            "--device-memory", "80GiB"]  # fmt: skip
+
+
+def _rows(text: str) -> list[list[str]]:
+    lines = [line for line in text.splitlines() if line.startswith("│")]
+    return [[cell.strip() for cell in line.strip("│").split("│")] for line in lines]
+
+
+def _plan(cell: str) -> Plan:
+    """The plan column read back with the library's parser (precision first, then knobs)."""
+    precision, *knobs = cell.split()
+    return parse_plan(",".join([f"precision={precision}", *knobs]), Plan(gpus_per_node=8))
+
+
+def _speed(estimate: dict[str, Any], reference: dict[str, Any]) -> float | None:
+    """Samples per step over the reference's, over the predicted step-time ratio."""
+    ratio = estimate["predicted_step_time_ratio"]
+    if ratio is None:
+        return None
+    plan = estimate["plan"]
+
+    def samples(p: dict[str, Any]) -> int:
+        return p["micro_batch"] * p["grad_accum"] * p["gpus_per_node"] * p["nodes"]
+
+    return samples(plan) / samples(reference) / float(ratio)
+
+
+def test_the_plans_that_fit_come_first_by_predicted_speed_and_the_best_is_marked(
+    args: list[str],
+) -> None:
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    record = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    rows = _rows(shown.stdout)
+    assert len(rows) == len(record["plans"]) == 144
+    by_plan = {Plan.model_validate(e["plan"]): e for e in record["plans"]}
+    estimates = [by_plan[_plan(row[1])] for row in rows]  # every row names its plan
+    assert len({id(e) for e in estimates}) == len(rows)
+    fits = [e["fits"] for e in estimates]
+    assert fits == sorted(fits, reverse=True) and True in fits and False in fits
+    reference = record["baseline"]
+    speeds = [_speed(e, reference) for e in estimates if e["fits"]]
+    known = [s for s in speeds if s is not None]
+    assert known and speeds[: len(known)] == known  # unknown speeds after known ones
+    assert known == sorted(known, reverse=True)
+    assert [row[0] for row in rows] == ["*"] + [""] * (len(rows) - 1)
+    assert rows[0][9] == f"{known[0]:.2f}x" and max(known) == known[0]
+    assert f"* best: {Plan.model_validate(estimates[0]['plan']).describe()}" in shown.stdout
+
+
+def test_top_shows_the_first_rows(args: list[str]) -> None:
+    full = _rows(runner.invoke(app, args).stdout)
+    top = runner.invoke(app, [*args, "--top", "5"])
+    assert top.exit_code == 0, top.output
+    assert _rows(top.stdout) == full[:5]
+    assert "showing the first 5 of 144 plans (--top)" in top.stdout
+    bad = runner.invoke(app, [*args, "--top", "0"])
+    assert bad.exit_code == 2 and "--top" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    # 80 x 1024**3 = 85.90e9 bytes; 80e9 bytes = 74.51 x 1024**3
+    [("80GiB", "device memory 80 GiB (85.90 GB)"), ("80GB", "device memory 80 GB (74.51 GiB)")],
+)
+def test_the_budget_shows_in_the_unit_given_with_the_other_beside(
+    args: list[str], given: str, shown: str
+) -> None:
+    result = runner.invoke(app, [*args[:-1], given, "--top", "1"])
+    assert result.exit_code == 0, result.output
+    assert shown in " ".join(result.stdout.split())
+
+
+def test_a_bare_number_is_refused_with_one_line(args: list[str]) -> None:
+    result = runner.invoke(app, [*args[:-1], "80"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "autotune: --device-memory 80: give a unit, e.g. 80GiB or 80GB"
