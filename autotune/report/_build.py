@@ -129,7 +129,7 @@ def _peak_source_note(inputs: ReportInputs, rec: Recommendation) -> list[str]:
 
 def _trial_margin(inputs: ReportInputs) -> float:
     """The margin tune kept free of its budget; the default where the record does not say."""
-    margin = getattr(inputs.tune, "margin", None) if inputs.tune is not None else None
+    margin = inputs.tune.margin if inputs.tune is not None else None
     return DEFAULT_MARGIN if margin is None else float(margin)
 
 

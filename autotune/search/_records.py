@@ -201,6 +201,9 @@ class TuneRecord(_Record):
     nproc: int = Field(description="ranks per node of each trial")
     nodes: int = Field(1, description="nodes of each trial")
     device_memory: int | None
+    margin: float | None = Field(
+        None, description="share of device_memory the search kept free (None: not recorded)"
+    )
     objective: Literal["tokens_per_s", "samples_per_s"]
     trials: list[TrialRecord]
     comparison: Comparison | None = None

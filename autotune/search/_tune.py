@@ -248,7 +248,7 @@ def tune(
     return TuneRecord(
         model_file=model_file, study=name, storage=_study.shown_storage(options.storage),
         global_batch=options.global_batch, nproc=machine.gpus_per_node, nodes=machine.nodes,
-        device_memory=settings.device_memory,
+        device_memory=settings.device_memory, margin=machine.margin,
         objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
         comparison=comparison, recommendation=rec, notes=notes,
     )  # fmt: skip

@@ -107,4 +107,5 @@ def test_the_cpu_default_budget_is_one_figure_for_policy_and_search(
     # Read once: the policy planned for the figure the search pruned against and reports.
     assert calls == [budget]
     assert seen["policy"] == tuned["device_memory"] == budget
+    assert tuned["margin"] == 0.3  # the record says what the search kept free (the report reads it)
     assert trials["policy"].user_attrs["predicted_peak_bytes"] <= 0.7 * budget
