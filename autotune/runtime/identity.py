@@ -36,7 +36,7 @@ def _device(device: str) -> tuple[str, int]:
         if torch.cuda.is_available():
             return torch.cuda.get_device_name(0), torch.cuda.device_count()
     # The machine's CPUs, not this worker's share: workers split over one machine with
-    # taskset (the README's way) measure the same machine.
+    # taskset (docs/agent.md's way) measure the same machine.
     return _cpu_name(), os.cpu_count() or 1
 
 

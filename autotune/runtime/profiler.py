@@ -74,7 +74,7 @@ def profile(
     """Measure the model file's training step: memory, time, compute, environment.
 
     Args:
-        model_path: the model file (see the README's model-file contract).
+        model_path: the model file (the contract in docs/model-file.md).
         batch_size: samples per step.
         steps: timed steps (uninstrumented) whose medians are reported.
         warmup: steps run first and dropped.

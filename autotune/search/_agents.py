@@ -1,7 +1,7 @@
 """Trials over several nodes: the asker posts each launch in the study, one agent per node
 launches its local ranks with torchrun's c10d rendezvous, and reports back through the study.
 
-Roles (the README's scale-out section shows the commands):
+Roles (docs/agent.md shows the commands):
 
 - the **asker**, ``autotune tune --nnodes N --rdzv-endpoint HOST:PORT``, runs the study and
   uses :class:`AgentRunner`: each launch (trial, warm-up or final re-run) becomes a *job*
