@@ -5,7 +5,10 @@ model file under ``torch.profiler`` and reads its memory timeline; autotune's fi
 comes from ``autotune.profile``'s live-tensor tracker. Goal: within 2 % everywhere.
 Kernel workspaces that are not tensors (oneDNN scratch for bf16 matmuls and
 convolutions) are in the profiler's figure and not in the tracker's; they were
-0.5-1.7 % of the peak on these models.
+0.5-1.7 % of the peak on these models on AMX CPUs, and 3.5-7 % of the bf16 autocast row's on
+an AVX-512-BF16 CPU without AMX (run to run). That row is compared with oneDNN off, where
+both instruments see the same tensors, and the profiler's figure with oneDNN on is checked to
+be the larger (scratch only adds).
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ CASES: dict[str, tuple[str | Path, int, dict[str, object]]] = {
 }
 
 
+NO_ONEDNN = {"bf16_autocast"}
+"""Rows compared with oneDNN off: its bf16 kernels' scratch is memory but no tensor."""
+
+
 def _path(source: str | Path, tmp_path: Path) -> Path:
     if isinstance(source, Path):
         return source
@@ -58,8 +65,12 @@ def _reference(path: Path, batch: int, options: dict[str, object]) -> Reference:
 def test_profile_peak_agrees_with_torch_memory_profiler(case: str, tmp_path: Path) -> None:
     source, batch, options = CASES[case]
     path = _path(source, tmp_path)
-    record = profile(path, batch_size=batch, steps=1, warmup=1, device="cpu", **options)  # type: ignore[arg-type]
-    reference = _reference(path, batch, options)
+    scratch = case in NO_ONEDNN
+    with torch.backends.mkldnn.flags(enabled=not scratch):
+        record = profile(path, batch_size=batch, steps=1, warmup=1, device="cpu", **options)  # type: ignore[arg-type]
+        reference = _reference(path, batch, options)
+    if scratch:  # with oneDNN on, the profiler sees the same tensors plus its scratch
+        assert _reference(path, batch, options).peak >= record.memory.peak
     memory = record.memory
     assert memory.peak == pytest.approx(reference.peak, rel=0.02)
     # What was live at the peak adds up to the peak, and the model states are the

@@ -118,10 +118,15 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "
 
 
 def _hf_run(plan: Plan, config: Path, tmp_path: Path) -> list[str]:
+    # The Trainer takes the plan's arguments (micro-batch, accumulation, precision) as the
+    # README shows: hf_training_arguments(plan), here as the script's own flags.
+    from autotune import hf_training_arguments
+
+    flags = [word for key, value in hf_training_arguments(plan).items()
+             for word in (f"--{key}", str(value))]  # fmt: skip
     return [*TORCHRUN, str(SCRIPTS / "hf_trainer_train.py"), "--output_dir", str(tmp_path / "o"),
             "--report_to", "none", "--use_cpu", "--max_steps", "3", "--logging_steps", "1",
-            "--deepspeed", str(config), "--per_device_train_batch_size", str(plan.micro_batch),
-            "--gradient_accumulation_steps", str(plan.grad_accum)]  # fmt: skip
+            "--deepspeed", str(config), *flags]  # fmt: skip
 
 
 def _ds_run(plan: Plan, config: Path, tmp_path: Path) -> list[str]:

@@ -85,7 +85,7 @@ def test_bad_endpoints_are_refused(endpoint: str, message: str) -> None:
         (["--nnodes", "2"], "--nnodes 2: give --rdzv-endpoint HOST:PORT"),
         (["--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:29400"], "cannot resolve host"),
         (["--nnodes", "3"], "--global-batch 4 does not split over --nproc-per-node 1 x --nnodes 3"),
-        (["--heartbeat", "0"], "--heartbeat: must be >= 1 (got 0)"),
+        (["--heartbeat", "0"], "--heartbeat-s: must be >= 1 (got 0)"),
     ],
 )
 def test_cluster_flags_fail_in_one_line_before_any_work(
