@@ -150,3 +150,24 @@ def loss_fn(model, batch):
     return nn.functional.cross_entropy(logits.reshape(-1, 50), batch["ids"].reshape(-1))
 """
 """Tied input and output embeddings, a frozen layer between."""
+
+
+TINY_MLP_FILE = """
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def build_batch(batch_size):
+    return torch.randn(batch_size, 8), torch.randn(batch_size, 1)
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+"""
+"""A model file of a tiny regression MLP: for tests about processes, locks and studies,
+where the model only has to train."""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _models import TINY_MLP_FILE
 from _processes import gone_within
 from _waiting import lines_until
 
@@ -33,23 +34,7 @@ from autotune.runtime.extensions import (
 
 pytest.importorskip("deepspeed")
 OP = "deepspeed_shm_comm"
-MODEL = """
-import torch
-from torch import nn
-
-
-def build_model():
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-
-
-def build_batch(batch_size):
-    return torch.randn(batch_size, 8), torch.randn(batch_size, 1)
-
-
-def loss_fn(model, batch):
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
-"""
+MODEL = TINY_MLP_FILE
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 HOLD = "import os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL); print('held', flush=True); time.sleep(600)"  # noqa: E501
 

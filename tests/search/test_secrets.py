@@ -11,28 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _models import TINY_MLP_FILE
 
 from autotune.search._study import STORAGE_ENV, shown_storage, storage_url
 
 pytestmark = pytest.mark.slow
 PASSWORD = "pw-0ddS3cret-25"
-MODEL = """
-import torch
-from torch import nn
-
-
-def build_model():
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-
-
-def build_batch(batch_size):
-    return torch.randn(batch_size, 8), torch.randn(batch_size, 1)
-
-
-def loss_fn(model, batch):
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
-"""
+MODEL = TINY_MLP_FILE
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
 

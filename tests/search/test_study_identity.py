@@ -9,28 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _models import TINY_MLP_FILE
 
 from autotune.records import AutotuneError
 from autotune.search import open_study
 from autotune.search._identity import IDENTITY_KEY, check_identity
 
-MODEL = """
-import torch
-from torch import nn
-
-
-def build_model():
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-
-
-def build_batch(batch_size):
-    return torch.randn(batch_size, 8), torch.randn(batch_size, 1)
-
-
-def loss_fn(model, batch):
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
-"""
+MODEL = TINY_MLP_FILE
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 FIRST = {"model_sha256": "a" * 64, "torch": "2.13.0", "device_name": "cpu: X", "device_count": "2"}
 

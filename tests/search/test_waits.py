@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _models import TINY_MLP_FILE
 from _waiting import lines_until
 
 from autotune.records import AutotuneError
@@ -28,23 +29,7 @@ HOLD = textwrap.dedent(
             time.sleep(0.02)
     """
 )
-MODEL = """
-import torch
-from torch import nn
-
-
-def build_model():
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-
-
-def build_batch(batch_size):
-    return torch.randn(batch_size, 8), torch.randn(batch_size, 1)
-
-
-def loss_fn(model, batch):
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
-"""
+MODEL = TINY_MLP_FILE
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
 
