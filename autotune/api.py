@@ -217,7 +217,7 @@ def tune_model(
         **fields: fields of :class:`TuneOptions` and :class:`Machine`, when those are not given.
 
     Example:
-        ``tune_model("model.py", global_batch=64, nproc=2, device_memory=parse_bytes("2GiB"))``
+        ``tune_model("model.py", global_batch=64, nproc=2, device_memory="2GiB")``
     """
     from autotune.runtime.hf import model_source
 
