@@ -78,7 +78,8 @@ class TuneOptions:
                 raise AutotuneError(f"{flag}: must be >= {low} (got {value})")
         for flag, seconds in (("--trial-timeout-s", self.trial_timeout_s),
                               ("--join-timeout-s", self.join_timeout_s),
-                              ("--budget-minutes", self.budget_s)):  # fmt: skip
+                              ("--budget-minutes",
+                               None if self.budget_s is None else self.budget_s / 60)):  # fmt: skip
             if seconds is not None and seconds <= 0:
                 raise AutotuneError(f"{flag}: must be > 0 (got {seconds:g})")
         if self.interval_width is not None and not 0 < self.interval_width < 1:
