@@ -222,7 +222,7 @@ def tune_model(
     from autotune.runtime.hf import model_source
 
     options, machine = tune_records(options, machine, fields)
-    check_tune(options, machine, launches=runner is None)
+    check_tune(options, machine, model_path, launches=runner is None)
     with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
                       task=task) as src:  # fmt: skip
         if options.study_name is None:
@@ -240,7 +240,6 @@ def _tune_file(
     progress: Callable[[Progress], None] | None,
     notice: Callable[[str], None] | None = None,
 ) -> TuneRecord:
-    check_tune(options, machine, model_path, launches=runner is None)
     assert options.study_name is not None
     if runner is None and machine.nodes > 1:
         assert options.rdzv_endpoint is not None
