@@ -297,6 +297,7 @@ def _tune_file(
             blocks=stack.count if stack else 0, policy=policy, predict=predict,
             code_changes=changes, progress=progress,
         )  # fmt: skip
+    tuned = tuned.model_copy(update={"block_stack": stack})
     if blocked is not None:
         tuned = tuned.model_copy(update={"notes": [blocked, *tuned.notes]})
     if tuned.recommendation is None:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from autotune.records import TRIAL_TIMEOUT_S, MeasuredPlan, Plan, Recommendation
+from autotune.records import TRIAL_TIMEOUT_S, BlockStack, MeasuredPlan, Plan, Recommendation
 from autotune.records import Record as _Record
 
 SCHEMA_VERSION = 1
@@ -208,4 +208,7 @@ class TuneRecord(_Record):
     trials: list[TrialRecord]
     comparison: Comparison | None = None
     recommendation: Recommendation | None = None
+    block_stack: BlockStack | None = Field(
+        None, description="the model's blocks, which the FSDP2 config wraps and checkpoints"
+    )
     notes: list[str] = Field(default_factory=list)

@@ -234,3 +234,26 @@ def test_config_prints_the_code_and_writes_yaml_taking_the_stack_from_the_profil
     shown = printed.stdout.split("(YAML)")[1].split("\n\n#")[0].split("\n", 1)[1]
     assert yaml.safe_load(shown)["fsdp_config"]["fsdp_activation_checkpointing"] is False  # 2 < L
     assert "a default, not read from your model" in printed.stdout
+
+
+@pytest.mark.parametrize(("k", "switch"), [(12, True), (4, False)])
+def test_tunes_fsdp2_yaml_wraps_the_models_block_class_and_checkpoints_only_when_k_is_l(
+    k: int, switch: bool, tmp_path: Path
+) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from autotune.cli.tune import _write_outputs
+    from autotune.records import BlockStack, Recommendation
+    from autotune.search import TuneRecord
+
+    plan = parse_plan(f"engine=fsdp2,stage=3,ckpt={k},gpus=2")
+    record = TuneRecord(
+        model_file="m.py", study="s", storage="sqlite:///s.db", global_batch=8, nproc=2,
+        device_memory=None, objective="tokens_per_s", trials=[],
+        recommendation=Recommendation(source="tune", plan=plan),
+        block_stack=BlockStack(path="model.layers", count=12, block_class="LlamaDecoderLayer"),
+    )  # fmt: skip
+    _write_outputs(record, tmp_path, 2)
+    config = load_config_from_file(str(tmp_path / "accelerate_fsdp2.yaml")).fsdp_config
+    assert config["fsdp_activation_checkpointing"] is switch  # Accelerate's switch is all L
+    assert config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
