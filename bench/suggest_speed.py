@@ -31,10 +31,10 @@ CASES = {
         [
             "--device-memory",
             "80GB",
-            "--world-size",
-            "16",
-            "--gpus-per-node",
+            "--nproc-per-node",
             "8",
+            "--nnodes",
+            "2",
             "--inter-gbps",
             "25",
         ],
@@ -68,9 +68,10 @@ def in_process(profile: Path, extra: list[str], repeats: int) -> list[float]:
     flags = dict(zip(extra[::2], extra[1::2], strict=True))
     if "--device-memory" in flags:
         options["device_memory"] = int(flags["--device-memory"].removesuffix("GB")) * 10**9
-    for flag in ("--world-size", "--gpus-per-node"):
-        if flag in flags:
-            options[flag[2:].replace("-", "_")] = int(flags[flag])
+    if "--nproc-per-node" in flags:
+        per_node = int(flags["--nproc-per-node"])
+        options["gpus_per_node"] = per_node
+        options["world_size"] = per_node * int(flags.get("--nnodes", "1"))
     if "--inter-gbps" in flags:
         options["inter_gbps"] = float(flags["--inter-gbps"])
     times = []

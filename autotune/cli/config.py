@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from autotune.cli import _options
 from autotune.cli._common import check_output, console, err_console, user_errors
 from autotune.records import AutotuneError
 
@@ -25,9 +26,11 @@ def config(
         "--plan",
         help='Plan knobs instead of a recommendation, e.g. "stage=2,mb=4,ga=8,precision=bf16".',
     ),
-    world_size: int | None = typer.Option(
-        None, "--world-size", min=1, help="Data-parallel ranks; default: the plan's gpus x nodes."
+    nproc_per_node: int | None = typer.Option(
+        None, "--nproc-per-node", min=1, help="Ranks on each node; default: the plan's gpus."
     ),
+    nnodes: int | None = typer.Option(None, "--nnodes", min=1, help="Nodes; default: the plan's."),
+    renamed_world_size: int | None = _options.RENAMED_WORLD_SIZE,
     base: Path | None = typer.Option(
         None,
         "--base",
@@ -61,11 +64,17 @@ def config(
         from autotune.emit import code_changes_for
         from autotune.records import atomic_write_text
 
+        _options.refuse_renamed(world_size=renamed_world_size)
         if framework not in FRAMEWORKS:
             raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
         if out is not None:
             check_output(out, "--out")
         rec = _load_source(recommendation, plan)
+        world_size = (
+            (nproc_per_node or rec.plan.gpus_per_node) * (nnodes or rec.plan.nodes)
+            if nproc_per_node or nnodes
+            else None
+        )
         if rec.plan.engine == "fsdp2":
             _check_fsdp2_options(base=base, hf_auto=hf_auto, nvme_path=nvme_path)
             _write_fsdp2(rec, world_size, profile, out, framework, as_json)

@@ -17,7 +17,7 @@ runner = CliRunner()
 
 def test_plan_to_file_with_a_summary_and_code_changes(tmp_path: Path) -> None:
     out = tmp_path / "ds.json"
-    result = runner.invoke(app, ["config", "--plan", "stage=2,mb=4,ga=2,ckpt=3", "--world-size", "4",
+    result = runner.invoke(app, ["config", "--plan", "stage=2,mb=4,ga=2,ckpt=3", "--nproc-per-node", "4",
                                  "--out", str(out), "--framework", "torch"])  # fmt: skip
     assert result.exit_code == 0, result.output
     config = json.loads(out.read_text())

@@ -18,7 +18,7 @@ def test_the_written_file_is_read_by_accelerate(tmp_path: Path) -> None:
 
     out = tmp_path / "fsdp2.yaml"
     result = runner.invoke(app, ["config", "--plan", "engine=fsdp2,stage=2,precision=bf16",
-                                 "--world-size", "4", "--out", str(out)])  # fmt: skip
+                                 "--nproc-per-node", "4", "--out", str(out)])  # fmt: skip
     assert result.exit_code == 0, result.output
     loaded = load_config_from_file(str(out))
     assert loaded.distributed_type == "FSDP" and loaded.num_processes == 4
