@@ -272,7 +272,8 @@ def _tune_file(
 
     def changes(plan: Plan) -> list[Any]:
         return code_changes_for(plan, block_stack_path=stack.path if stack else None,
-                                num_blocks=stack.count if stack else None)  # fmt: skip
+                                num_blocks=stack.count if stack else None,
+                                model_class=record.model.class_name)  # fmt: skip
 
     predict = make_predict(record, machine, refine)
     if notice is not None:  # the model ran: what remains before the first trial is start-up
@@ -481,6 +482,7 @@ def _recommend_by_policy(
             plan,
             block_stack_path=stack.path if stack else None,
             num_blocks=stack.count if stack else None,
+            model_class=record.model.class_name,
         ),  # fmt: skip
         notes=[
             "from one short profile and the policy's rules; not confirmed by trials (search=True is)"

@@ -167,7 +167,8 @@ def tune_script(
         predict = make_predict(record, machine)
 
     def changes(plan: Plan) -> list[Any]:
-        return code_changes_for(plan, block_stack_path=stack, num_blocks=blocks or None)
+        return code_changes_for(plan, block_stack_path=stack, num_blocks=blocks or None,
+                                model_class=record.model.class_name if record else None)  # fmt: skip
 
     tuned = tune(label, options=options, machine=machine, settings=settings, runner=runner,
                  blocks=blocks, policy=policy, predict=predict, code_changes=changes,

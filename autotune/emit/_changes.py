@@ -44,7 +44,11 @@ def hf_training_arguments(plan: Plan, *, num_blocks: int | None = None) -> dict[
 
 
 def code_changes_for(
-    plan: Plan, *, block_stack_path: str | None = None, num_blocks: int | None = None
+    plan: Plan,
+    *,
+    block_stack_path: str | None = None,
+    num_blocks: int | None = None,
+    model_class: str | None = None,
 ) -> list[CodeChange]:
     """What the plan needs beyond its DeepSpeed config, as exact lines per framework.
 
@@ -58,6 +62,9 @@ def code_changes_for(
             ``model.layers``, from a profile); a placeholder when unknown.
         num_blocks: L, the number of blocks; when the plan checkpoints all of
             them the frameworks' one-line switches apply.
+        model_class: the model's class (a profile's ``model.class_name``, e.g.
+            ``BertForMaskedLM``); the attention lines load it and mask as its head
+            does. Unknown: a causal LM.
 
     Example:
         >>> changes = code_changes_for(Plan(checkpoint_blocks=2), block_stack_path="model.layers",
@@ -77,7 +84,7 @@ def code_changes_for(
     if plan.dataloader_workers or plan.pin_memory:
         changes.append(_data_loading(plan))
     if plan.attention != "default":
-        changes.append(_attention(plan.attention))
+        changes.append(_attention(plan.attention, model_class))
     if plan.compile:
         changes.append(_compile())
     return changes
@@ -183,16 +190,60 @@ def _data_loading(plan: Plan) -> CodeChange:
     )
 
 
-def _attention(kind: str) -> CodeChange:
-    hf = f'AutoModelForCausalLM.from_pretrained(name, attn_implementation="{kind}")'
-    torch_line = {
-        "sdpa": "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
-        "eager": "softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v  # explicit attention",
-        "flash_attention_2": "flash_attn.flash_attn_func(q, k, v, causal=True)  # pip install flash-attn",
-    }[kind]
+_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+_SEQ2SEQ_SUFFIXES = ("ForConditionalGeneration", "ForSpeechSeq2Seq", "ForSeq2SeqLM")
+
+
+def attention_masking(model_class: str | None) -> str:
+    """How the model's attention masks, from its transformers class name.
+
+    ``causal`` (decoders: each token sees the ones before it), ``seq2seq`` (a bidirectional
+    encoder and a causal decoder), else ``bidirectional`` (masked LMs, classifiers, vision).
+    An unknown class is taken as a causal LM, the ``--hf-config`` default.
+
+    Example:
+        >>> attention_masking("BertForMaskedLM"), attention_masking("LlamaForCausalLM")
+        ('bidirectional', 'causal')
+    """
+    if model_class is None or model_class.endswith(_CAUSAL_SUFFIXES):
+        return "causal"
+    return "seq2seq" if model_class.endswith(_SEQ2SEQ_SUFFIXES) else "bidirectional"
+
+
+_ATTENTION_LINES = {
+    ("sdpa", "causal"): "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
+    ("sdpa", "bidirectional"): (
+        "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=padding_mask)"
+    ),
+    ("sdpa", "seq2seq"): (
+        "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)"
+        "  # decoder self-attention\n"
+        "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=padding_mask)"
+        "  # encoder and cross-attention"
+    ),
+    ("flash_attention_2", "causal"): "flash_attn.flash_attn_func(q, k, v, causal=True)",
+    ("flash_attention_2", "bidirectional"): "flash_attn.flash_attn_func(q, k, v, causal=False)",
+    ("flash_attention_2", "seq2seq"): (
+        "flash_attn.flash_attn_func(q, k, v, causal=True)  # decoder self-attention\n"
+        "flash_attn.flash_attn_func(q, k, v, causal=False)  # encoder and cross-attention"
+    ),
+}
+
+
+def _attention(kind: str, model_class: str | None) -> CodeChange:
+    masking = attention_masking(model_class)
+    named = model_class is not None and ("For" in model_class or model_class.endswith("Model"))
+    loader = model_class if named else "AutoModelForCausalLM"
+    hf = f'{loader}.from_pretrained(name, attn_implementation="{kind}")'
+    if kind == "eager":
+        torch_line = "softmax(q @ k.transpose(-2, -1) / sqrt(d) + mask) @ v  # explicit attention"
+    else:
+        torch_line = _ATTENTION_LINES[(kind, masking)]
+        if kind == "flash_attention_2":
+            torch_line += "  # pip install flash-attn"
     return CodeChange(
         what=f"attention implementation {kind}",
-        torch=f"# in the attention module:\n{torch_line}",
+        torch=f"# in the attention module ({masking} masking):\n{torch_line}",
         deepspeed=f"{hf}  # or model.set_attn_implementation({kind!r})",
         hf_trainer=hf,
         accelerate=hf,

@@ -192,3 +192,25 @@ def test_recommend_takes_callables(examples_dir: Path, monkeypatch: pytest.Monke
     assert rec.plan.global_batch == 4
     assert rec.model_file is not None and rec.model_file.startswith("callables: ")
     assert rec.model_file.endswith("mlp_dataloader.build_dataloader, mlp_dataloader.loss_fn")
+
+
+ZOO = Path(__file__).resolve().parents[2] / "examples" / "zoo"
+
+
+@pytest.mark.parametrize("name", ["bert", "llama_gqa", "t5", "vit"])
+def test_attention_lines_mask_as_the_model_does(name: str) -> None:
+    # The reference: the attention modules transformers builds for the zoo's config say
+    # themselves whether they are causal; the snippet loads the profiled class, not a causal LM.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.from_pretrained(ZOO / f"{name}.json")
+    model = getattr(transformers, config.architectures[0])(config)
+    causal = {
+        m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)
+    }
+    class_name = type(model).__name__
+    change = code_changes_for(parse_plan("attn=sdpa"), model_class=class_name)[-1]
+    lines = str(change.torch)
+    assert ("is_causal=True" in lines) == (True in causal)
+    assert ("attn_mask=padding_mask" in lines) == (False in causal)
+    assert f"{class_name}.from_pretrained(" in str(change.hf_trainer)
+    assert "AutoModelForCausalLM" not in str(change.deepspeed) + str(change.accelerate)
