@@ -97,8 +97,15 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
 
 
 def _gradients_before_backward(plan: Plan) -> bool:
-    """Whether every gradient already exists when the last micro-batch's backward starts."""
-    return plan.uses_deepspeed or plan.grad_accum > 1
+    """Whether every gradient already exists when the last micro-batch's backward starts.
+
+    ZeRO 1-3 engines allocate their gradient buffers up front. A DeepSpeed plan without ZeRO
+    (16-bit weights, stage 0) runs ``FP16_Optimizer`` (deepspeed 0.19 ``engine.py``:2321, 2360;
+    for bf16 too, its grad-accumulation dtype being the weights'), whose 16-bit ``.grad`` are
+    torch's, made during backward and set to ``None`` after each step
+    (``fp16/fused_optimizer.py``:137-145): as under plain torch, only accumulation keeps them.
+    """
+    return (plan.uses_deepspeed and plan.zero_stage >= 1) or plan.grad_accum > 1
 
 
 def _recompute_live(
