@@ -17,9 +17,16 @@ from typing import Any
 
 from autotune.confirm import ConfirmRecord, confirm_changes
 from autotune.emit import Config, code_changes_for, emit_deepspeed_config
-from autotune.estimator import estimate_plan, facts_from_profile, fit_step_time
+from autotune.estimator import (
+    ActivationSpec,
+    estimate_plan,
+    facts_from_profile,
+    fit_step_time,
+    with_activations,
+)
 from autotune.policy import load_policy, policy_plan
 from autotune.records import (
+    AUTOCAST_PLAN_PRECISION,
     AutotuneError,
     Capabilities,
     Machine,
@@ -79,16 +86,20 @@ def time_profile(
 
 
 def make_predict(
-    profile: ProfileRecord, machine: Machine, refine: list[ProfileRecord] | None = None
+    profile: ProfileRecord,
+    machine: Machine,
+    refine: list[ProfileRecord] | None = None,
+    activations: dict[str, ActivationSpec] | None = None,
 ) -> Predict:
     """The estimate as a ``plan -> Prediction`` function (pure once the facts are read).
 
     ``machine``: the budget and margin a plan must fit in (:attr:`Machine.usable`) and the
     links the communication time uses. ``refine``: more profiles of the same model (another
     batch size, or checkpointing switched) that the step-time model is fitted to
-    (:func:`fit_step_time`).
+    (:func:`fit_step_time`). ``activations``: traced figures of precisions the profile lacks
+    (:func:`traced_precisions`), used instead of deriving them from its own by formula.
     """
-    facts = facts_from_profile(profile)
+    facts = with_activations(facts_from_profile(profile), activations or {})
     for other in refine or []:
         facts = fit_step_time(facts, other)
 
@@ -102,6 +113,25 @@ def make_predict(
         return Prediction(False, peak, estimate.source, reason, step_time_ratio=ratio)
 
     return predict
+
+
+def traced_precisions(
+    model_path: str, record: ProfileRecord, policy: Plan, options: TuneOptions
+) -> dict[str, ActivationSpec]:
+    """Activation figures traced on fake tensors for the precisions the search can take that
+    the profile did not measure (the policy's plan and the baseline's): a 16-bit plan's
+    activations are not half of fp32's (fp32 norms, softmax and loss), see bench/RESULTS.md
+    "bf16 plans". Seconds on fake tensors; nothing allocated. Where no trace path runs, the
+    estimate keeps its formula (its note says so).
+    """
+    from autotune.runtime.trace import traced_activations
+
+    measured = AUTOCAST_PLAN_PRECISION[record.config.precision]
+    wanted = {policy.precision, (options.baseline or Plan()).precision} - {measured}
+    try:
+        return traced_activations(model_path, tuple(sorted(wanted)))
+    except AutotuneError:
+        return {}
 
 
 def default_guard(nproc: int) -> int:
@@ -275,7 +305,8 @@ def _tune_file(
                                 num_blocks=stack.count if stack else None,
                                 model_class=record.model.class_name)  # fmt: skip
 
-    predict = make_predict(record, machine, refine)
+    traced = traced_precisions(model_path, record, policy, options)
+    predict = make_predict(record, machine, refine, traced)
     if notice is not None:  # the model ran: what remains before the first trial is start-up
         notice("starting the trial workers (a first DeepSpeed start compiles its comm op: "
                "about a minute)")  # fmt: skip

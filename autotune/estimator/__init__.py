@@ -35,6 +35,7 @@ from autotune.estimator._modelfacts import (
     TracedMoment,
     facts_from_profile,
     fit_step_time,
+    with_activations,
 )
 from autotune.estimator._peakmodel import (
     CATEGORIES,
@@ -69,4 +70,5 @@ __all__ = [
     "plan_grid",
     "table_peak_flops",
     "train_days",
+    "with_activations",
 ]

@@ -198,6 +198,16 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
     )
 
 
+def with_activations(facts: ModelFacts, specs: dict[str, ActivationSpec]) -> ModelFacts:
+    """``facts`` with the activation figures of precisions it lacks taken from ``specs``.
+
+    Figures already there (a profile's, measured) are kept: a trace only fills the precisions
+    nothing measured, which :func:`activation_spec` would otherwise derive by formula.
+    """
+    extra = {k: v for k, v in specs.items() if k not in facts.activations}
+    return facts.model_copy(update={"activations": {**facts.activations, **extra}})
+
+
 def activation_spec(facts: ModelFacts, precision: str) -> tuple[ActivationSpec, str | None]:
     """:func:`_activation_spec`, its note saying which trace path gave the figures."""
     spec, note = _activation_spec(facts, precision)

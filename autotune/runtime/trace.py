@@ -309,7 +309,7 @@ SPREAD_BATCHES = 4
 @dataclass(frozen=True)
 class _Traced:
     specs: dict[str, ActivationSpec]
-    moment: TracedMoment
+    moment: TracedMoment | None
     counted: nn.Module
 
 
@@ -351,7 +351,11 @@ def _materialised(model: nn.Module) -> nn.Module:
 
 
 def _fake_path(
-    model_file: ModelFile, real: dict[int, Any], precisions: tuple[str, ...], meta: nn.Module
+    model_file: ModelFile,
+    real: dict[int, Any],
+    precisions: tuple[str, ...],
+    meta: nn.Module,
+    step: bool = True,
 ) -> _Traced:
     forward, sizes = _file_forward(model_file), (min(real), max(real))
     with _fake_tracing() as mode:
@@ -365,7 +369,7 @@ def _fake_path(
             )
             for precision in precisions
         }
-        moment = _step_moment(model_file, sizes[-1], batch_of, real, fake=True)
+        moment = _step_moment(model_file, sizes[-1], batch_of, real, fake=True) if step else None
     return _Traced(specs, moment, meta)
 
 
@@ -397,7 +401,7 @@ def _step_moment(
 
 
 def _real_path(
-    model_file: ModelFile, real: dict[int, Any], precisions: tuple[str, ...]
+    model_file: ModelFile, real: dict[int, Any], precisions: tuple[str, ...], step: bool = True
 ) -> tuple[_Traced, str]:
     """Real forwards and a real step at the small batch sizes; several batches at the larger
     one bound activations that depend on the data. Returns the figures and what bounds them."""
@@ -424,7 +428,9 @@ def _real_path(
         if high
         else "no activations saved"
     )
-    moment = _step_moment(model_file, sizes[-1], real.__getitem__, real, fake=False)
+    moment = (
+        _step_moment(model_file, sizes[-1], real.__getitem__, real, fake=False) if step else None
+    )
     return _Traced(specs, moment, counted), bound
 
 
@@ -455,6 +461,7 @@ def facts_from_model_file(
     precisions: tuple[str, ...] = DEFAULT_PRECISIONS,
     batch_sizes: tuple[int, int] = (1, 2),
     real_step_limit: int | None = None,
+    step: bool = True,
 ) -> ModelFacts:
     """A model file's activations at each precision, by the first of :data:`PATHS` that runs.
 
@@ -467,6 +474,8 @@ def facts_from_model_file(
     Args:
         real_step_limit: bytes the real-step path may take for the model's states (parameters,
             gradients, Adam's two moments: 16 per parameter); default: half the memory available.
+        step: trace the whole training step too (``traced_moment``); without it only the
+            activation figures are traced.
 
     Raises:
         AutotuneError: anything wrong with the model file (what the real path meets), or
@@ -486,7 +495,7 @@ def facts_from_model_file(
         for name, source in ((PATH_FAKE, model_file), (PATH_META_INIT, None)):
             try:
                 source = source or _meta_initialised(model_file)
-                traced = _fake_path(source, real, precisions, meta)
+                traced = _fake_path(source, real, precisions, meta, step)
             except Exception as exc:  # the trace's limit, not the user's mistake
                 failed.append(f"{name}: {_reason(exc)}")
                 continue
@@ -503,7 +512,7 @@ def facts_from_model_file(
                 f"states, over the {real_step_limit / 2**30:.1f} GiB allowed ({'; '.join(failed)}); "
                 "estimate from a profile on a machine that fits it (--profile)"
             )
-    traced, bound = _real_path(model_file, real, precisions)
+    traced, bound = _real_path(model_file, real, precisions, step)
     why = "; ".join([*failed, bound])
     label = PATH_REAL.format(sizes=" and ".join(map(str, batch_sizes))) + f" ({why})"
     return _model_file_facts(traced, seq_len, label)
@@ -513,6 +522,20 @@ def _model_file_facts(traced: _Traced, seq_len: int | None, label: str) -> Model
     model = traced.counted
     facts = _facts(type(model).__name__, model, seq_len, _labelled(traced, label))
     return facts.model_copy(update={"traced_moment": traced.moment})
+
+
+def traced_activations(path: str | Path, precisions: tuple[str, ...]) -> dict[str, ActivationSpec]:
+    """A model file's activation figures at ``precisions``, traced (no whole step).
+
+    What a profile at one precision lacks for plans at another: the 16-bit weights of a
+    DeepSpeed or FSDP2 ``bf16`` plan do not halve fp32's saved bytes (a model keeps its norms',
+    softmax's and loss's inputs in fp32: on the tiny Llama here 18 % more per sample than half
+    of fp32's), so the figures are traced at that precision, each labelled with its path, and
+    merged into the profile's facts (:func:`autotune.estimator.with_activations`).
+    """
+    if not precisions:
+        return {}
+    return facts_from_model_file(path, precisions=precisions, step=False).activations
 
 
 def load_hf_config(path: str | Path) -> Any:
