@@ -4,9 +4,11 @@ profiled and estimated from its config alone, against torch.profiler's memory ti
     .venv/bin/python bench/zoo.py [--device cuda] [NAME ...]
 
 Per model (``examples/zoo/zoo.json``: config, family, tokens per sample, micro-batch):
-its parameters; the measured peak (``autotune profile``'s tracker) against torch.profiler's
-memory timeline of a hand-written step (``tests/_reference.py``) and against torch's MemTracker
-(``tests/_memtracker.py``); the pre-run estimate
+its parameters; the measured peak (``autotune profile``'s: c10's CPU allocator over a plain step)
+against torch.profiler's memory timeline of a hand-written step (``tests/_reference.py``) and
+against the same profile's allocator figure (``Reference.allocator``); the live-tensor tracker's
+own peak against the timeline, and torch's MemTracker (``tests/_memtracker.py``, a tensor
+tracker under a dispatch mode too) against it; the pre-run estimate
 (``autotune estimate --hf-config``: traced, nothing run at the micro-batch) against the
 measured peak, with the trace path it took; and the profile and estimate wall times.
 The micro-batch (4) is outside the trace's fit points (1 and 2). fp32, AdamW, CPU.
@@ -38,6 +40,8 @@ class Row:
     parameters: int
     measured: int
     reference: int
+    allocator: int
+    live_tensors: int | None
     memtracker: int | None
     estimate: int
     path: str
@@ -49,8 +53,18 @@ class Row:
         return self.measured / self.reference - 1
 
     @property
-    def vs_memtracker(self) -> float | None:
-        return self.measured / self.memtracker - 1 if self.memtracker else None
+    def vs_allocator(self) -> float:
+        return self.measured / self.allocator - 1
+
+    @property
+    def live_vs_reference(self) -> float | None:
+        return self.live_tensors / self.reference - 1 if self.live_tensors else None
+
+    @property
+    def memtracker_vs_live(self) -> float | None:
+        if not self.memtracker or not self.live_tensors:
+            return None
+        return self.memtracker / self.live_tensors - 1
 
     @property
     def vs_measured(self) -> float:
@@ -84,14 +98,16 @@ def measure(name: str, device: str = "cpu") -> Row:
         record = profile(source.path, batch_size=batch, steps=1, warmup=1, device=device)
         profile_s = time.perf_counter() - start
         if device == "cuda":
-            reference, tracker = cuda_reference(source.path, batch), None
+            reference = allocator = cuda_reference(source.path, batch)
+            tracker = None
         else:
-            reference = reference_step(source.path, batch).peak
+            timeline = reference_step(source.path, batch)
+            reference, allocator = timeline.peak, timeline.allocator
             tracker = memtracker_peak(source.path, batch)
     path = facts.activations["fp32"].path or "?"
     return Row(
-        name, str(entry["family"]), facts.parameters, record.memory.peak, reference,
-        tracker, int(estimate), path, profile_s, estimate_s,
+        name, str(entry["family"]), facts.parameters, record.memory.peak, reference, allocator,
+        record.memory.live_tensor_peak, tracker, int(estimate), path, profile_s, estimate_s,
     )  # fmt: skip
 
 
@@ -138,28 +154,32 @@ def _percent(share: float | None) -> str:
 def table(rows: list[Row], reference: str = "torch.profiler") -> str:
     """The rows as a markdown table, then each fallback's reasons."""
     head = (
-        f"| model | family | params | measured peak | {reference} | diff | MemTracker diff "
-        "| estimate | diff | estimate path | profile s | estimate s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        f"| model | family | params | measured peak | {reference} | diff | allocator diff "
+        "| live tensors diff | MemTracker vs live | estimate | diff | estimate path "
+        "| profile s | estimate s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"| {r.name} | {r.family} | {r.parameters:,} | {r.measured / 2**20:.2f} MiB "
             f"| {r.reference / 2**20:.2f} MiB | {100 * r.vs_reference:+.2f} % "
-            f"| {_percent(r.vs_memtracker)} "
+            f"| {_percent(r.vs_allocator)} | {_percent(r.live_vs_reference)} "
+            f"| {_percent(r.memtracker_vs_live)} "
             f"| {r.estimate / 2**20:.2f} MiB | {100 * r.vs_measured:+.2f} % "
             f"| {_short_path(r.path)} | {r.profile_s:.1f} | {r.estimate_s:.1f} |"
         )
     within2 = sum(abs(r.vs_reference) <= 0.02 for r in rows)
-    compared = [r.vs_memtracker for r in rows if r.vs_memtracker is not None]
+    live = [r.live_vs_reference for r in rows if r.live_vs_reference is not None]
+    live2 = f"{sum(abs(x) <= 0.02 for x in live)}/{len(live)}"
+    compared = [r.memtracker_vs_live for r in rows if r.memtracker_vs_live is not None]
     tracker2 = f"{sum(abs(x) <= 0.02 for x in compared)}/{len(compared)}"
     within5 = sum(abs(r.vs_measured) <= 0.05 for r in rows)
     lines.append("")
     lines.append(
         f"estimate succeeded: {len(rows)}/{len(rows)}; measured vs {reference} within 2 %: "
-        f"{within2}/{len(rows)}; vs MemTracker within 2 %: {tracker2}; "
-        f"estimate vs measured within 5 %: {within5}/{len(rows)}"
+        f"{within2}/{len(rows)}; live tensors alone: {live2}; MemTracker vs live tensors "
+        f"within 2 %: {tracker2}; estimate vs measured within 5 %: {within5}/{len(rows)}"
     )
     lines += [f"- {r.name}: {r.path}" for r in rows if "(" in r.path]
     return "\n".join(lines)

@@ -102,8 +102,16 @@ class MemoryBreakdown(_Record):
     activations_by_module: list[ModuleBytes] = Field(default_factory=list)
     activation_fit: ActivationFit | None = None
     peak: int = Field(ge=0)
-    peak_source: Literal["cuda_max_allocated", "cpu_live_tensors"]
+    peak_source: Literal["cuda_max_allocated", "cpu_allocator", "cpu_live_tensors"] = Field(
+        description="cpu_allocator: c10's CPU allocator over a plain step (oneDNN's scratch "
+        "included), the excess over the tracked tensors in at_peak.temporaries"
+    )
     at_peak: AtPeak
+    live_tensor_peak: int | None = Field(
+        None,
+        ge=0,
+        description="the live-tensor tracker's own peak, where peak_source is cpu_allocator",
+    )
     cuda_reserved: int | None = None
     process_rss: int | None = None
     fits_judged_on: str = Field(description="which figure a budget check uses")

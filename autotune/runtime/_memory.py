@@ -175,7 +175,7 @@ def _block_hooks(
             module: nn.Module, args: Any, kwargs: Any, name: str = name, index: int = index
         ) -> None:
             current.append(name)
-            inputs = list(_tensors((args, kwargs)))
+            inputs = list(iter_tensors((args, kwargs)))
             if index == 0 and inputs:
                 result.block_input = inputs[0].untyped_storage().nbytes()
             if is_checkpointed(module) and torch.is_grad_enabled():
@@ -190,17 +190,18 @@ def _block_hooks(
     return handles
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
+def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in nested dicts, lists and tuples (a DTensor's local shard for the DTensor)."""
     if isinstance(value, torch.Tensor):
         # A DTensor (FSDP2's shards) is a wrapper: the memory is its local shard's.
         local = getattr(value, "_local_tensor", None)
         yield local if isinstance(local, torch.Tensor) else value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _tensors(item)
+            yield from iter_tensors(item)
     elif isinstance(value, list | tuple):
         for item in value:
-            yield from _tensors(item)
+            yield from iter_tensors(item)
 
 
 @dataclass
@@ -237,7 +238,7 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def mark(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         """Name the storages behind ``tensors`` (tracking them if they predate the tracker)."""
-        for tensor in _tensors(list(tensors)):
+        for tensor in iter_tensors(list(tensors)):
             if tensor.device.type == self.device_type:
                 self._track(tensor.untyped_storage()).category = category
 
@@ -253,7 +254,7 @@ class LiveTensorTracker(TorchDispatchMode):
         A tensor that is a view into a larger storage (a data set) is left out:
         that storage is not the batch.
         """
-        for tensor in _tensors(batch):
+        for tensor in iter_tensors(batch):
             storage = tensor.untyped_storage()
             if tensor.device.type == self.device_type and (
                 0 < storage.nbytes() <= tensor.numel() * tensor.element_size()
@@ -295,7 +296,7 @@ class LiveTensorTracker(TorchDispatchMode):
             int(storage._cdata): storage
             for storage in (
                 tensor.untyped_storage()
-                for tensor in _tensors((args, kwargs))
+                for tensor in iter_tensors((args, kwargs))
                 if tensor.device.type == self.device_type
             )
         }
@@ -306,7 +307,7 @@ class LiveTensorTracker(TorchDispatchMode):
                 # the old size is freed and the new one allocated, as the allocator sees it
                 self._freed(key, self._refs[key])
                 self._track(storage).category = record.category
-        for tensor in _tensors(out):
+        for tensor in iter_tensors(out):
             if tensor.device.type != self.device_type:
                 continue
             storage = tensor.untyped_storage()
@@ -332,6 +333,8 @@ class PeakResult:
     at_peak: AtPeak
     source: str
     cuda_reserved: int | None = None
+    live_tensors: int | None = None
+    """The tracker's own peak, where :attr:`peak` comes from c10's CPU allocator instead."""
 
 
 @contextlib.contextmanager
@@ -385,6 +388,18 @@ def count_rng_states(tracker: LiveTensorTracker) -> Iterator[None]:
         yield
     finally:
         torch.get_rng_state = original
+
+
+def with_allocator_peak(tracked: PeakResult, allocator: int) -> PeakResult:
+    """The tracked step's parts at the peak, re-based on c10's CPU allocator peak of a plain step.
+
+    The allocator's excess over the tracked tensors (oneDNN's convolution scratch, no tensor)
+    goes to temporaries, as on CUDA; a shortfall (the tracker's dispatch mode makes autograd
+    accumulate gradients out of place, which a plain step does in place) comes off them.
+    """
+    parts = tracked.at_peak.model_dump()
+    _absorb(parts, allocator - sum(parts.values()))
+    return PeakResult(allocator, AtPeak(**parts), "cpu_allocator", live_tensors=tracked.peak)
 
 
 def _absorb(parts: dict[str, int], excess: int) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._guards import detect_fake_mode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from autotune import __version__
@@ -31,6 +32,7 @@ from autotune.records import (
     StepTime,
     Throughput,
 )
+from autotune.runtime import _cpu_allocator as cpu_allocator
 from autotune.runtime import _device as dev
 from autotune.runtime import _memory as mem
 from autotune.runtime._blocks import apply_checkpointing, find_block_stack, unique_parameter_count
@@ -204,8 +206,40 @@ def tracked_step(runner: TrainRunner) -> TrackedStep:
 
     The profile and the trials measure with it, and the estimate's trace runs the
     same step on fake tensors, so all see the same moments and temporaries. The
-    saved tensors are those of the last micro-batch (they are alike).
+    saved tensors are those of the last micro-batch (they are alike). On CPU with
+    real tensors one more, plain step follows under c10's allocator events
+    (:func:`allocator_peak`), and the peak is that step's: allocations that are no
+    tensor count, and no dispatch mode changes how autograd allocates.
     """
+    step = _tensor_tracked_step(runner)
+    if step.peak.source != "cpu_live_tensors" or detect_fake_mode(list(runner.model.parameters())):
+        return step
+    peak = mem.with_allocator_peak(step.peak, allocator_peak(runner))
+    return TrackedStep(peak, step.saved, step.gradients)
+
+
+def allocator_peak(runner: TrainRunner) -> int:
+    """Peak bytes of one plain CPU step as c10's allocator saw them (torch.profiler's events).
+
+    The training state alive at the step's start (parameters, buffers, gradients,
+    optimizer states), plus the most the step's own allocations held at once, plus
+    a batch that came from elsewhere (DataLoader workers' shared memory).
+    """
+    model, optimizer = runner.model, runner.optimizer
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    start = mem.unique_bytes(
+        [*model.parameters(), *model.buffers(), *grads, *mem.optimizer_state_tensors(optimizer)]
+    )
+    del grads
+    window = cpu_allocator.watch_cpu_allocator(runner.step)
+    return (
+        start
+        + window.peak_rise
+        + cpu_allocator.untracked_batch_bytes(runner.last_batch, window.pointers)
+    )
+
+
+def _tensor_tracked_step(runner: TrainRunner) -> TrackedStep:
     model, optimizer = runner.model, runner.optimizer
     with mem.track_peak(model, optimizer, runner.device) as (tracker, peak_out):
         for _ in runner.micro_batches():
@@ -250,15 +284,17 @@ def _measure_memory(runner: TrainRunner, report: Progress) -> tuple[MemoryBreakd
         at_peak=peak.at_peak,
         cuda_reserved=peak.cuda_reserved,
         process_rss=mem.process_rss(),
-        fits_judged_on="memory.peak ("
-        + (
-            "torch.cuda.max_memory_allocated"
-            if peak.cuda_reserved is not None
-            else "live tensor bytes"
-        )
-        + ")",
+        live_tensor_peak=peak.live_tensors,
+        fits_judged_on=f"memory.peak ({_JUDGED_ON.get(peak.source, peak.source)})",
     )
     return breakdown, samples_seen
+
+
+_JUDGED_ON = {
+    "cuda_max_allocated": "torch.cuda.max_memory_allocated",
+    "cpu_allocator": "c10's CPU allocator in a plain step: tensors and other allocations",
+    "cpu_live_tensors": "live tensor bytes",
+}
 
 
 def _count_forward(runner: TrainRunner, batch_size: int) -> mem.SavedTensors:
