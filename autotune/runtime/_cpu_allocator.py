@@ -72,7 +72,11 @@ stderr around every profiled window: noise in ``autotune profile``'s output."""
 def _without_profiler_lines() -> Iterator[None]:
     """Hold the process's stderr (fd 2) during the block, then pass on all but the profiler's lines."""
     sys.stderr.flush()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 (a closed stderr): nothing to keep clean
+        yield
+        return
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,19 @@ def test_cpu_peak_is_the_allocators(source: str, tracker_off_by: float, tmp_path
     assert off_by < tracker_off_by if tracker_off_by < 0 else off_by > tracker_off_by
     _assert_peak_adds_up(record)
     assert memory.at_peak.parameters == reference.at_peak["parameters"]
+
+
+def test_allocator_window_sees_a_block_and_keeps_stderr_clean(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from autotune.runtime import _cpu_allocator
+
+    def run() -> None:
+        block = torch.empty(1_000_000, dtype=torch.uint8)
+        print("the step's own line", file=sys.stderr)
+        del block
+
+    window = _cpu_allocator.watch_cpu_allocator(run)
+    assert 1_000_000 <= window.peak_rise < 1_100_000
+    err = capfd.readouterr().err
+    assert "the step's own line" in err and "profiler_start" not in err
