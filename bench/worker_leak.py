@@ -1,0 +1,54 @@
+"""Trials run one after another in one reused worker group (as ``autotune tune`` runs them): each
+plan's per-rank peak, so what a finished trial leaves behind shows in the next one's figure.
+
+Run: OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python bench/worker_leak.py \\
+         --hf-config examples/zoo/bert.json --seq-len 32 \\
+         --plans "stage=1,mb=4,precision=bf16" "stage=3,mb=4,precision=bf16,ckpt=2" \\
+                 "stage=1,mb=4,precision=bf16"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--hf-config")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--plans", nargs="+", required=True)
+    parser.add_argument("--nproc", type=int, default=2)
+    args = parser.parse_args()
+    from autotune.records import parse_plan
+    from autotune.runtime.hf import hf_model_file
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
+    from autotune.search import PoolRunner, TrialSettings
+
+    with tempfile.TemporaryDirectory(prefix="worker-leak-") as directory:
+        model = args.model and str(Path(args.model).resolve())
+        if args.hf_config:
+            text, _, stem = hf_model_file(hf_config=args.hf_config, seq_len=args.seq_len, task=None)
+            model = str(Path(directory) / f"{stem}.py")
+            Path(model).write_text(text, encoding="utf-8")
+        settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu", timeout_s=600)
+        print("| # | plan | per-rank peak (bytes) | source |\n|---|---|---|---|")
+        with PoolRunner(entry_points=ENTRY_POINTS) as runner:
+            for index, text in enumerate(args.plans):
+                plan = parse_plan(f"{text},gpus={args.nproc}")
+                result = runner.run(plan, settings).result
+                peaks = (
+                    ", ".join(f"{p:,}" for p in result.peak_memory_bytes) if result else "failed"
+                )
+                source = result.peak_source if result else "-"
+                print(f"| {index} | {plan.describe()} | {peaks} | {source} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
