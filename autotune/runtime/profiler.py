@@ -240,6 +240,7 @@ def allocator_peak(runner: TrainRunner) -> int:
 
 
 def _tensor_tracked_step(runner: TrainRunner) -> TrackedStep:
+    """The step under the live-tensor tracker alone (its parts at the peak, what it saved)."""
     model, optimizer = runner.model, runner.optimizer
     with mem.track_peak(model, optimizer, runner.device) as (tracker, peak_out):
         for _ in runner.micro_batches():
