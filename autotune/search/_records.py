@@ -79,13 +79,14 @@ class TrialResult(_Record):
     )
     peak_source: str | None = Field(
         default=None,
-        description="cuda_max_allocated, cpu_live_tensors (as `autotune profile` measures), "
-        "or cpu_rss_delta where live tensors could not be tracked",
+        description="cuda_max_allocated; on CPU cpu_allocator (a plain torch trial, as "
+        "`autotune profile` measures) or cpu_live_tensors (DeepSpeed, FSDP2); or cpu_rss_delta "
+        "where neither could be measured",
     )
     live_tensor_bytes: list[int] = Field(
         default_factory=list,
-        description="one per rank: most live tensor bytes in one extra, untimed, tracked step "
-        "(empty: not measured)",
+        description="one per rank: the peak of one extra, untimed step by peak_source's CPU "
+        "measure (empty: not measured)",
     )
     rss_delta_bytes: list[int] = Field(
         default_factory=list,

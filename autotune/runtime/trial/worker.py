@@ -47,9 +47,11 @@ def _torch_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
         steps.run(step)
         cuda = cuda_peak(runner.device)  # the timed steps' figure, read before tracking
         live: int | None = None
+        source = "cpu_live_tensors"
         try:
-            # The profile's own tracked step: the same measure as its cpu_live_tensors peak.
-            live = tracked_step(runner).peak.peak
+            # The profile's own tracked step and measure (on CPU, c10's allocator over a plain step).
+            tracked = tracked_step(runner).peak
+            live, source = tracked.peak, tracked.source
         except Exception as exc:  # e.g. a compiled model the dispatch mode cannot follow
             sys.stderr.write(f"autotune: live tensors not tracked ({type(exc).__name__}: {exc})\n")
     finally:
@@ -63,7 +65,7 @@ def _torch_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     )
     tokens = model_file.tokens_per_sample(runner.last_batch)
     return {"split": split, "tokens": tokens, "device": runner.device, "engine": "torch",
-            "live": live, "cuda": cuda}  # fmt: skip
+            "live": live, "live_source": source, "cuda": cuda}  # fmt: skip
 
 
 def _peaks(info: dict[str, Any], watch: MemoryWatch) -> dict[str, Any]:
@@ -80,7 +82,7 @@ def _peaks(info: dict[str, Any], watch: MemoryWatch) -> dict[str, Any]:
     if None not in cuda:
         peak, source = cuda, "cuda_max_allocated"
     elif None not in live:
-        peak, source = live, "cpu_live_tensors"
+        peak, source = live, info.get("live_source", "cpu_live_tensors")
     else:  # not comparable with the estimate; labelled so
         peak, source = rss, "cpu_rss_delta"
     return {"peak_memory_bytes": peak, "peak_source": source, "rss_delta_bytes": rss,
