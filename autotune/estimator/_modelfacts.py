@@ -36,6 +36,11 @@ class ActivationSpec(_Record):
         default=None,
         description="how a trace got them (autotune.runtime.trace.PATHS); None: a profile",
     )
+    temporaries_vs_fp32: float | None = Field(
+        default=None,
+        description="16-bit weights: the temporaries live at the peak of a forward and backward "
+        "(the loss's gradient buffers) over fp32's, both traced; None: not traced",
+    )
 
     def weight_copies(self, blocks: int, checkpoint_blocks: int) -> float:
         """Autocast's weight copies at their highest with k blocks checkpointed: a

@@ -87,12 +87,13 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
     engine = zero.engine_moments(facts, plan) or fsdp.fsdp2_moments(facts, plan)
     if engine is not None:
         # A ZeRO (or FSDP2) engine's own buffers replace the plain-torch states at every moment, and
-        # the end of backward (its reduction) is a moment of its own.
+        # the end of backward (its reduction) is a moment of its own; a recompute holds what the
+        # start of backward does unless the engine says otherwise (FSDP2's prefetch).
         result["reduce"] = {**result["optimizer"], "temporaries": 0.0}
         for name, held in (("backward", "backward"), ("recompute", "backward"),
                            ("reduce", "reduce"), ("optimizer", "optimizer")):  # fmt: skip
             if name in result:
-                result[name].update(engine[held])
+                result[name].update(engine.get(name) or engine[held])
     return result, states, spec.source
 
 
@@ -159,6 +160,10 @@ def predict_peak(
     live = {c: float(v) for c, v in base.at_peak.model_dump().items()}
     old, _, _ = moments(facts, base.plan)
     moment = _which(facts, base, live, old["backward"]["activations"])
+    if moment != "optimizer":
+        # backward's temporaries (the loss's gradient buffers) are in the loss's dtype: bf16 under
+        # 16-bit weights unless the model upcasts its logits (the trace says by how much)
+        live["temporaries"] *= _dtype_ratio(facts, base.plan, plan)
     sharded = plan.uses_deepspeed or plan.engine == "fsdp2"
     if sharded and not (base.plan.uses_deepspeed or base.plan.engine == "fsdp2") and moment in old:
         # DeepSpeed (and FSDP2) frees each .grad once reduced into its own buffers: gradients the
@@ -193,6 +198,18 @@ def predict_peak(
         states,
         source,
     )
+
+
+def _dtype_ratio(facts: ModelFacts, measured: Plan, plan: Plan) -> float:
+    """The plan's temporaries over the measured plan's, per byte, from their precisions.
+
+    Only an fp32 measurement and a 16-bit-weight plan whose temporaries were traced at both
+    precisions (``ActivationSpec.temporaries_vs_fp32``) differ; anything else keeps 1.
+    """
+    if measured.precision != "fp32" or plan.precision == "fp32":
+        return 1.0
+    spec, _ = activation_spec(facts, plan.precision)
+    return spec.temporaries_vs_fp32 or 1.0
 
 
 def _buckets_note(how: str, buckets: float) -> str:

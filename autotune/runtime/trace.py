@@ -121,6 +121,36 @@ def _count(
     return saved
 
 
+def _step_temporaries(model: nn.Module, batch: Any, forward: Forward) -> int:
+    """Temporaries at the peak of one forward and backward, tracked as the profile tracks its step:
+    at the start of backward, the loss's gradient buffers (in the loss's dtype)."""
+    tracker = mem.LiveTensorTracker(torch.device("cpu"))
+    with tracker:
+        tracker.mark(model.parameters(), "parameters")
+        tracker.mark_batch(batch)
+        with mem.count_saved_tensors(model) as saved:
+            loss = forward(model, batch)
+        for category, keys in saved.keys.items():
+            tracker.mark_keys(keys, category)
+        loss.backward()
+        del loss
+        tracker.mark((p.grad for p in model.parameters() if p.grad is not None), "gradients")
+    model.zero_grad(set_to_none=True)
+    return tracker.at_peak().temporaries
+
+
+def _temporaries_vs_fp32(
+    model: nn.Module, build: Callable[[], nn.Module], batch: Any, forward: Forward, weights: Any
+) -> float | None:
+    """A 16-bit-weight model's step temporaries over the same step's in fp32 (None: not traced)."""
+    apply_checkpointing(model, 0)
+    low = _step_temporaries(model, _as_dtype(batch, weights), forward)
+    torch.manual_seed(0)
+    wide = build().train()
+    high = _step_temporaries(wide, batch, forward)
+    return low / high if high else None
+
+
 def _smallest_block(saved: mem.SavedTensors) -> int:
     """One block's bytes: the smallest block (the first may also hold tensors all blocks share)."""
     return min(size for name, size in saved.by_module.items() if name != mem.OTHER)
@@ -184,6 +214,11 @@ def trace_activations(
         block_copies = (copies - kept.autocast_weight_copies) / traced if traced else 0.0
         points.append((b, outside + real * block, block, block_input, copies, block_copies))
     (b1, total1, blk1, in1, copies, block_copies), (b2, total2, blk2, in2, _, _) = points
+    ratio = (
+        _temporaries_vs_fp32(model, build, batch_of(b2), forward, weights)
+        if precision in _WEIGHTS
+        else None
+    )
     span = b2 - b1
     per_sample, block_ps, input_ps = (
         (total2 - total1) / span,
@@ -200,6 +235,7 @@ def trace_activations(
         autocast_weight_copies=copies + (real - traced) * block_copies,
         block_autocast_weight_copies=block_copies,
         source="traced",
+        temporaries_vs_fp32=ratio,
     )
 
 

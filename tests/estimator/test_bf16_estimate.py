@@ -14,7 +14,7 @@ from autotune.estimator import (
     moments,
     with_activations,
 )
-from autotune.records import Plan
+from autotune.records import AtPeak, Plan
 
 TRACED = ActivationSpec(
     fixed=6_000.0, per_sample=600_000.0, source="traced", path="traced on fake tensors"
@@ -58,3 +58,28 @@ def test_deepspeed_without_zero_holds_its_16_bit_gradients_only_under_accumulati
     assert one["backward"]["gradients"] == 0.0
     assert two["backward"]["gradients"] == 2 * P
     assert one["optimizer"]["gradients"] == (2 + 4) * P
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0])
+def test_backwards_temporaries_follow_the_traced_loss_dtype(ratio: float) -> None:
+    """The profile peaked at the start of backward with 400,000 B of temporaries (the loss's
+    gradient buffers, fp32). Under bf16 weights they are bf16 where the loss takes bf16 logits
+    (BERT, T5: traced ratio 0.5) and stay fp32 where the model upcasts them (Llama: 1.0)."""
+    plan = Plan(micro_batch=32, precision="bf16")  # large enough to peak in backward
+    base = with_activations(facts_from_profile(hand_profile()), {"bf16": TRACED})
+    traced = {"bf16": TRACED.model_copy(update={"temporaries_vs_fp32": ratio})}
+    scaled = with_activations(facts_from_profile(hand_profile()), traced)
+    dropped = estimate_plan(base, plan).memory.peak - estimate_plan(scaled, plan).memory.peak
+    assert estimate_plan(scaled, plan).memory.peak_composition.startswith("backward")
+    # one per sample: 400,000 B at the profile's micro-batch 4, x 32 / 4 here
+    assert dropped == pytest.approx(400_000 * 32 / 4 * (1 - ratio), abs=2)
+
+
+def test_optimizer_step_temporaries_keep_their_fp32_bytes() -> None:
+    """Adam's transients at the step work on DeepSpeed's fp32 master: no dtype ratio there."""
+    at_step = AtPeak(parameters=4 * P, gradients=4 * P, optimizer_states=8 * P, temporaries=300_000)
+    plan = Plan(micro_batch=4, precision="bf16")
+    traced = {"bf16": TRACED.model_copy(update={"temporaries_vs_fp32": 0.5})}
+    plain = with_activations(facts_from_profile(hand_profile(at_peak=at_step)), {"bf16": TRACED})
+    halved = with_activations(facts_from_profile(hand_profile(at_peak=at_step)), traced)
+    assert estimate_plan(plain, plan).memory.peak == estimate_plan(halved, plan).memory.peak
