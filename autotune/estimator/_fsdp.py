@@ -78,13 +78,24 @@ def fsdp2_engine_bytes(
     grad_accum: int = 1,
     optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
     offload: bool = False,
+    checkpoint_blocks: int = 0,
 ) -> ZeroMoments:
     """What FSDP2 holds per rank at each moment the step can peak (see the module docstring).
 
     ``backward``: the start of backward, every activation saved; gathered are the root's
-    group and, with ``reshard_after_forward``, the last block (without it, every group). ``reduce``: the end of backward, the root group's unsharded
-    gradients and their reduce-scatter input beside the sharded ``.grad``. ``optimizer``:
-    the sharded states alone.
+    group and, with ``reshard_after_forward``, the last block (without it, every group).
+    ``recompute`` (with ``checkpoint_blocks``): a checkpointed block recomputed in backward.
+    Its pre-backward hook gathers it and prefetches the block before it
+    (``_fsdp_param_group.py:576-585``); the recompute's forward hooks neither gather nor
+    reshard (``_fsdp_state.py:290-303, 323-327``): with ``reshard_after_forward`` two blocks
+    are gathered beside the root. The later blocks' gradients are reduce-scattered into
+    sharded ``.grad`` by then (counted as all blocks but one), and the root group's unsharded
+    gradients (``param_dtype``) wait for its post-backward at the very end
+    (``_fsdp_state.py:395``). Measured per rank on tiny Llama (``bench/zero_peaks.py``, an
+    event replay of the peak): fp32 stage 3, all 4 blocks checkpointed, 14.21 MiB, of which
+    two gathered blocks, the root's gathered parameters and 0.99 MiB of its gradients.
+    ``reduce``: the end of backward, the root group's unsharded gradients and their
+    reduce-scatter input beside the sharded ``.grad``. ``optimizer``: the sharded states alone.
     """
     states = fsdp2_state_bytes(
         parameters=parameters,
@@ -100,7 +111,7 @@ def fsdp2_engine_bytes(
     earlier = states.gradients if grad_accum > 1 else 0.0
     base = {"parameters": states.parameters, "optimizer_states": states.optimizer_states}
     root_grads = w * min(root, trainable)
-    return {
+    moments: ZeroMoments = {
         "backward": {
             **base,
             "parameters": states.parameters + w * (root + live_blocks),
@@ -115,6 +126,16 @@ def fsdp2_engine_bytes(
         },
         "optimizer": {**base, "gradients": states.gradients, "temporaries": 0.0},
     }
+    if checkpoint_blocks and num_layers:
+        prefetched = block_parameters if reshard_after_forward else 0.0
+        later = SHARD_BYTES * min(blocks - block_parameters, trainable) / max(world_size, 1)
+        moments["recompute"] = {
+            **base,
+            "parameters": moments["backward"]["parameters"] + w * prefetched,
+            "gradients": max(earlier, later) + root_grads,
+            "temporaries": 0.0,
+        }
+    return moments
 
 
 def fsdp2_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
@@ -137,6 +158,7 @@ def fsdp2_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
         grad_accum=plan.grad_accum,
         optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
         offload=plan.offload_param != "none" and facts.device_type != "cpu",
+        checkpoint_blocks=plan.checkpoint_blocks,
     )
 
 
