@@ -224,6 +224,14 @@ class LiveTensorTracker(TorchDispatchMode):
     behind ``TensorDataset``'s ``x[i]``) is not the step's and is not counted.
     Unlike ``torch.distributed._tools.mem_tracker.MemTracker`` it works with
     frozen parameters, gradient accumulation and fake tensors.
+
+    A dispatch mode (this one, ``FakeTensorMode``) makes ATen's ``isTensorSubclassLike``
+    true for every tensor, so autograd sums two gradients of one input out of place
+    (``old + var``, ``torch/csrc/autograd/input_buffer.cpp``) where a plain step adds in
+    place. Such a sum in the backward whose first operand is freed before any other op
+    runs is counted as the plain step's in-place add: its output takes the operand's
+    bytes (:meth:`_settle`). Transformers' Mamba scan sums 32 slice gradients so: +6.7 %
+    before.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -232,9 +240,18 @@ class LiveTensorTracker(TorchDispatchMode):
         self.live: dict[int, _Live] = {}
         self._refs: dict[int, weakref.ref[Any]] = {}
         self.current = 0
-        self.peak = 0
+        self._peak = 0
         self.peak_snapshot: list[_Live] = []
         self._at_peak = False
+        self._pending: tuple[int, int] | None = None
+        """(operand key, bytes) of a backward sum not yet counted: in place if the operand
+        is freed next, else counted when the next op or free comes."""
+
+    @property
+    def peak(self) -> int:
+        """The most live bytes seen (a pending backward sum settled first)."""
+        self._settle()
+        return self._peak
 
     def mark(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         """Name the storages behind ``tensors`` (tracking them if they predate the tracker)."""
@@ -261,7 +278,7 @@ class LiveTensorTracker(TorchDispatchMode):
             ):
                 self._track(storage)
 
-    def _track(self, storage: Any) -> _Live:
+    def _track(self, storage: Any, *, grow: bool = True) -> _Live:
         key = int(storage._cdata)
         record = self.live.get(key)
         if record is not None and self._refs[key]() is not storage:
@@ -273,17 +290,32 @@ class LiveTensorTracker(TorchDispatchMode):
             record = _Live(storage.nbytes())
             self.live[key] = record
             self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
-            self._grow(record.nbytes)
+            if grow:
+                self._grow(record.nbytes)
         return record
 
     def _grow(self, nbytes: int) -> None:
         self.current += nbytes
-        if self.current > self.peak:
-            self.peak, self._at_peak = self.current, True
+        if self.current > self._peak:
+            self._peak, self._at_peak = self.current, True
+
+    def _settle(self) -> None:
+        """Count a pending backward sum as the out-of-place add it turned out to be."""
+        if self._pending is not None:
+            nbytes, self._pending = self._pending[1], None
+            self._grow(nbytes)
 
     def _freed(self, key: int, ref: object) -> None:
         if self._refs.get(key) is not ref:  # a retired record's late callback
             return
+        if self._pending is not None and self._pending[0] == key:
+            # The sum's operand went right after it: the plain step's in-place add, whose
+            # result holds the operand's bytes. The total stays; the record goes.
+            self._pending = None
+            self.live.pop(key, None)
+            self._refs.pop(key, None)
+            return
+        self._settle()
         if self._at_peak:  # leaving a peak: remember what made it up
             self.peak_snapshot, self._at_peak = list(self.live.values()), False
         record = self.live.pop(key, None)
@@ -292,6 +324,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self.current -= record.nbytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self._settle()
         inputs = {
             int(storage._cdata): storage
             for storage in (
@@ -307,17 +340,39 @@ class LiveTensorTracker(TorchDispatchMode):
                 # the old size is freed and the new one allocated, as the allocator sees it
                 self._freed(key, self._refs[key])
                 self._track(storage).category = record.category
+        summed = self._backward_sum(func, args, out)
         for tensor in iter_tensors(out):
             if tensor.device.type != self.device_type:
                 continue
             storage = tensor.untyped_storage()
             key = int(storage._cdata)
             if storage.nbytes() and (key in self.live or key not in inputs):
-                self._track(storage)
+                self._track(storage, grow=summed is None)
+                if summed is not None:
+                    self._pending = (summed, storage.nbytes())
         return out
+
+    def _backward_sum(self, func: Any, args: Any, out: Any) -> int | None:
+        """The first operand's key when ``out = a + b`` may be autograd's sum of gradients:
+        inside a backward, grad mode off, ``a`` tracked, ``out`` a new storage of ``a``'s size."""
+        if func is not torch.ops.aten.add.Tensor or torch.is_grad_enabled():
+            return None
+        if torch._C._current_graph_task_id() == -1:  # not inside autograd's engine
+            return None
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or not isinstance(out, torch.Tensor):
+            return None
+        if first.device.type != self.device_type:
+            return None
+        storage, made = first.untyped_storage(), out.untyped_storage()
+        key = int(storage._cdata)
+        if key not in self.live or int(made._cdata) in self.live:
+            return None
+        return key if made.nbytes() == storage.nbytes() else None
 
     def at_peak(self) -> AtPeak:
         """The categories live at the peak; they add up to :attr:`peak`."""
+        self._settle()
         snapshot = list(self.live.values()) if self._at_peak else self.peak_snapshot
         parts: dict[str, int] = {}
         for record in snapshot:

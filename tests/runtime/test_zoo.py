@@ -33,8 +33,6 @@ ONE_PER_FAMILY = [
 ESTIMATE_OUTSIDE_5 = {
     "convnext": "the real-step fallback scales oneDNN's convolution scratch (no tensor, now in the "
     "measured peak) linearly from micro-batch 1 and 2: -6.6 %",
-    "mamba": "the fake-tensor trace runs under a dispatch mode, where autograd sums the scan's "
-    "sliced gradients out of place (a plain step sums them in place): +5.4 %",
 }
 """Rows whose estimate is outside the 5 % bar, with the cause (bench/RESULTS.md's zoo section);
 they are held to 8 % so that a change either way is seen."""
