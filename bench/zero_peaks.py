@@ -1,29 +1,39 @@
-"""Per-rank peak of DeepSpeed ZeRO and FSDP2 plans: predicted, measured by autotune's trial, and by torch.
+"""Per-rank peak of DeepSpeed ZeRO and FSDP2 plans: predicted, against torch's instrument inside each rank.
 
-For each plan, three figures per rank:
+For each plan, per rank:
 - predicted: ``autotune estimate`` from one single-process profile of the model file;
-- trial: what ``autotune tune`` judges on (a real trial, ``SubprocessRunner``, live tensor bytes);
-- torch: torch.profiler's memory timeline inside each rank over one optimizer step (after
-  three warm-up steps) of the same DeepSpeed engine and config: the independent instrument.
+- reference: torch's own instrument inside the rank over one optimizer step after warm-up, the
+  same for both engines (``bench/_zero_rank.py``): on CPU the bytes alive at the step's start
+  plus the profiler's allocation events of c10 replayed (shown ``low–high`` where a block was
+  freed on a thread the profiler does not see, at a time no event tells; an error is then to
+  the nearer bound, 0 inside); on CUDA ``torch.cuda.max_memory_allocated``. A rank whose reference did not run says "no
+  reference" and is left out of every figure;
+- trial: the live-tensor tracker of autotune's trial (``SubprocessRunner``), what ``autotune
+  tune`` decides fit on, shown beside the reference (``--no-trial`` skips it);
+- with ``--categories``, torch's categorised memory timeline's peak and categories (CPU).
 
-Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py MODEL.py --profile-batch 2 \\
-         --plans "stage=1,mb=2,ga=2" "stage=2,mb=2,ga=2" "stage=3,mb=2,ga=2" [--nproc 2]
-Prints a markdown table (bytes in MiB) and the worst error of the predictions.
-An ``engine=fsdp2`` plan runs ``fully_shard`` per block and root (``autotune.runtime.trial.fsdp2``)
-instead of a DeepSpeed engine. Each plan runs in ranks of its own (a finished ZeRO-3
-engine stays alive in its process, and would count in the next plan's memory).
+Plans come from ``--plans`` or a ``--grid`` (:func:`grid_plans`). Under the table: the share of
+rank rows under-predicted, the median / p95 / max |error| and the worst under-prediction.
+
+Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py examples/tiny_llama.py --profile-batch 2 \\
+         --grid "engines=zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 ckpt=none,partial,full ga=1,4 mb=2"
+Each plan runs in ranks of its own unless ``--plans-per-job`` groups them (an earlier plan's
+storages are not counted in a later one's start; a ZeRO-3 engine keeps its hooks, so put it last).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import itertools
 import json
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,153 +41,96 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the profiler reference lives with the tests
+sys.path.insert(0, str(REPO / "bench"))
 
 MIB = 2**20
-_ATTEMPTS = 4
-_WARMUP = 3
-"""Steps before the measured one: stage 3 traces its parameter order over the first two
-and only then keeps gathered parameters for their reuse (its steady state)."""
-_PROFILED = 1
-"""Steps under the profiler (with idle pre-step buffers counted, consecutive steps agree)."""
+ENGINES = {"zero1": "stage=1", "zero2": "stage=2", "zero3": "stage=3",
+           "fsdp2-2": "engine=fsdp2,stage=2", "fsdp2-3": "engine=fsdp2,stage=3"}  # fmt: skip
+GRID_KEYS = ("engines", "precision", "ckpt", "ga", "mb")
+NO_REFERENCE = "no reference"
 
 
-def _step(model_file: Any, engine: Any, batches: Any, grad_accum: int) -> None:
-    """One optimizer step of the engine: ``grad_accum`` micro-batches."""
-    for _ in range(grad_accum):
-        batch = model_file.move(next(batches), engine.device)
-        loss = model_file.loss(engine, batch)
-        engine.backward(loss)
-        engine.step()
-        del loss, batch
+def grid_plans(spec: str, blocks: int) -> list[str]:
+    """The plan texts of a grid: ``engines=zero1,fsdp2-3 precision=fp32,bf16 ckpt=none,partial,full
+    ga=1,4 mb=2`` (every key optional but ``engines``), in that nesting order.
+
+    ``ckpt`` takes ``none`` (0 blocks), ``partial`` (half of the ``blocks``, rounded down, at
+    least 1) and ``full`` (all), or a number of blocks.
+
+    Raises:
+        ValueError: an unknown key, engine or checkpointing name, naming it.
+    """
+    axes: dict[str, list[str]] = {"precision": ["fp32"], "ckpt": ["none"], "ga": ["1"], "mb": ["2"]}
+    for item in spec.split():
+        key, _, values = item.partition("=")
+        if key not in GRID_KEYS or not values:
+            raise ValueError(f"--grid: {item!r}: keys are {', '.join(GRID_KEYS)} (KEY=V1,V2)")
+        axes[key] = values.split(",")
+    if "engines" not in axes:
+        raise ValueError("--grid needs engines=... (" + ", ".join(ENGINES) + ")")
+    depth = {"none": 0, "partial": max(1, blocks // 2), "full": blocks}
+    plans = []
+    for engine, precision, ckpt, ga, mb in itertools.product(
+        axes["engines"], axes["precision"], axes["ckpt"], axes["ga"], axes["mb"]
+    ):
+        if engine not in ENGINES:
+            raise ValueError(f"--grid: unknown engine {engine!r} ({', '.join(ENGINES)})")
+        if ckpt not in depth and not ckpt.isdigit():
+            raise ValueError(f"--grid: ckpt {ckpt!r}: none, partial, full or a block count")
+        count = depth[ckpt] if ckpt in depth else int(ckpt)
+        plans.append(f"{ENGINES[engine]},precision={precision},ckpt={count},ga={ga},mb={mb}")
+    return plans
 
 
-def rank_main(plans_path: str, out_path: str) -> None:
-    """One rank: every plan's engine, warm-up steps, then one step under torch.profiler."""
-    import contextlib
-    import gc
-
-    import deepspeed
-    import torch
-    import torch.distributed as dist
-    from _reference import _peak
-    from torch.profiler import ProfilerActivity, profile
-
-    from autotune.emit import emit_deepspeed_config
-    from autotune.records import Plan
-    from autotune.runtime._blocks import apply_checkpointing
-    from autotune.runtime.modelfile import load_model_file
-
-    job = json.loads(Path(plans_path).read_text())
-    model_file = load_model_file(job["model"])
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = []
-    for text in job["plans"]:
-        plan = Plan.model_validate_json(text)
-        torch.manual_seed(0)
-        model = model_file.build_model()
-        apply_checkpointing(model, plan.checkpoint_blocks)
-        batches = model_file.batches(plan.micro_batch)
-        if plan.engine == "fsdp2":
-            engine, step = _fsdp2_engine(model_file, model, plan, batches)
-        else:
-            optimizer = model_file.build_optimizer(
-                [p for p in model.parameters() if p.requires_grad]
-            )
-            parameters = sum(p.numel() for p in model.parameters())
-            config = emit_deepspeed_config(plan, world_size=world, parameters=parameters).config
-            with contextlib.redirect_stdout(sys.stderr):
-                engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-            step = functools.partial(_step, model_file, engine, batches, plan.grad_accum)
-        for _ in range(_WARMUP):
-            step()
-        for attempt in range(_ATTEMPTS):
-            gc.collect()
-            # Everything alive now is the engine's state (flat buffers and partitions are
-            # not all reachable from the model or the optimizer): all of it counts as present.
-            keep = _storages(gc.get_objects())
-            with profile(
-                activities=[ProfilerActivity.CPU],
-                profile_memory=True,
-                record_shapes=True,
-                with_stack=True,
-            ) as prof:
-                for _ in range(_PROFILED):
-                    step()
-            try:
-                reference: Any = _peak(prof, keep)
-            except AssertionError:
-                # torch's data-flow analysis sometimes trips over flatten_dense_tensors
-                # reusing an address ("duplicate outputs"): profile the next step instead,
-                # on every rank (the ranks' steps must stay in lockstep).
-                reference = None
-            failed: list[Any] = [None] * world
-            dist.all_gather_object(failed, reference is None)
-            if not any(failed):
-                break
-            if attempt + 1 == _ATTEMPTS:
-                print(f"{plan.describe()}: torch's memory profile failed on every attempt",
-                      file=sys.stderr)  # fmt: skip
-                reference = None
-        measured = {"peak": None, "at_peak": {}}
-        if reference is not None and not any(failed):
-            measured = {"peak": reference.peak, "at_peak": reference.at_peak}
-        results.append(measured)
-        if hasattr(engine, "destroy"):
-            engine.destroy()
-        del engine, model, step
-        gc.collect()
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, results)
-    if rank == 0:
-        Path(out_path).write_text(json.dumps(gathered))
-    dist.barrier()
-    # Torn down here, not at interpreter exit: a rank whose gloo group outlives its peer's
-    # exit can abort (SIGABRT) in the group's destructor.
-    dist.destroy_process_group()
+def bounded_error(figure: float, low: float, high: float) -> float:
+    """``figure`` against a reference known to lie in ``[low, high]``: 0 inside, else the
+    relative distance to the nearer bound (negative: below it)."""
+    if figure < low:
+        return figure / low - 1
+    if figure > high:
+        return figure / high - 1
+    return 0.0
 
 
-def _storages(objects: list[Any]) -> dict[int, int]:
-    """Every CPU tensor's storage, address to bytes (a DTensor's local shard, not the wrapper)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    keep = {}
-    for obj in objects:
-        if isinstance(obj, DTensor):
-            obj = obj._local_tensor
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            keep[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
-    return keep
-
-
-def _fsdp2_engine(model_file: Any, model: Any, plan: Any, batches: Any) -> tuple[Any, Any]:
-    """The model sharded by ``fully_shard`` as the plan says, and its step (autotune's runtime)."""
-    from autotune.runtime.trial.fsdp2 import apply_fsdp2, fsdp2_step
-
-    apply_fsdp2(model, plan, "cpu")
-    optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
-
-    def loss_of() -> Any:
-        return model_file.loss(model, model_file.move(next(batches), "cpu"))
-
-    step = fsdp2_step(model, optimizer, loss_of, plan)
-    return model, step
+def summary(errors: Sequence[float]) -> dict[str, float]:
+    """The under-prediction line of rank rows' errors (prediction / reference - 1)."""
+    size = sorted(abs(error) for error in errors)
+    under = [error for error in errors if error < 0]
+    return {
+        "rows": len(errors),
+        "under_share": len(under) / len(errors),
+        "median": statistics.median(size),
+        "p95": size[min(len(size) - 1, round(0.95 * (len(size) - 1)))],
+        "max": size[-1],
+        "worst_under": min(under, default=0.0),
+    }
 
 
-def _torch_peaks(model: str, plans: list[Any], nproc: int, work: Path) -> list[list[dict]]:
-    """torch.profiler's per-rank figures, each plan in ranks of its own."""
-    found = []
-    for index, plan in enumerate(plans):
+def _reference_jobs(
+    model: str, plans: list[Any], nproc: int, work: Path, options: argparse.Namespace
+) -> list[list[dict[str, Any] | None]]:
+    """Each plan's per-rank reference, from rank jobs of ``--plans-per-job`` plans each."""
+    found: list[list[dict[str, Any] | None]] = []
+    size = options.plans_per_job
+    for index in range(0, len(plans), size):
+        group = plans[index : index + size]
         job = work / f"job{index}.json"
-        job.write_text(json.dumps({"model": model, "plans": [plan.model_dump_json()]}))
+        job.write_text(json.dumps({
+            "model": model, "plans": [plan.model_dump_json() for plan in group],
+            "device": options.device, "categories": options.categories,
+        }))  # fmt: skip
         out = work / f"out{index}.json"
         command = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", __file__, "--rank-worker", str(job), str(out),
         ]  # fmt: skip
-        _run_ranks(command)
-        found.append([rank[0] for rank in json.loads(out.read_text())])
+        if _run_ranks(command, options.timeout) and out.exists():
+            ranks = json.loads(out.read_text())
+            found += [[rank[at] for rank in ranks] for at in range(len(group))]
+        else:
+            print(f"rank job of {[p.describe() for p in group]} failed: {NO_REFERENCE}",
+                  file=sys.stderr)  # fmt: skip
+            found += [[None] * nproc for _ in group]
     return found
 
 
@@ -187,95 +140,207 @@ gloo torn down) ended: seen in about 1 run in 3 of the FSDP2 jobs on an AVX-512 
 profiled steps; a failure of the instrument, not of the plan, so the job is run again."""
 
 
-def _run_ranks(command: list[str]) -> None:
-    """Run one rank job; rerun it where the instrument, not the plan, aborted."""
+def _run_ranks(command: list[str], timeout: float) -> bool:
+    """Run one rank job; rerun it where the instrument, not the plan, aborted. True if it ran.
+
+    The job runs in a process group of its own, ended whole at the timeout or on an interrupt.
+    """
     for attempt in range(_INSTRUMENT_ABORTS + 1):
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True, timeout=3600, check=False)  # fmt: skip
-        sys.stderr.write(done.stderr)
-        aborted = "terminate called without an active exception" in done.stderr
-        if done.returncode == 0 or not aborted or attempt == _INSTRUMENT_ABORTS:
-            break
+        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)  # fmt: skip
+        try:
+            _, stderr = job.communicate(timeout=timeout)
+        except BaseException:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+            print(f"rank job stopped (over {timeout:.0f} s or interrupted)", file=sys.stderr)
+            return False
+        if job.returncode == 0:
+            return True
+        sys.stderr.write(stderr[-3000:])
+        if "terminate called without an active exception" not in stderr:
+            return False
         print(f"rank job aborted in a C++ terminate (attempt {attempt + 1}); running it again",
               file=sys.stderr)  # fmt: skip
-    done.check_returncode()
+    return False
 
 
-def _trial_peaks(model: str, plans: list[Any], work: Path) -> list[list[int]]:
+def _trial_peaks(model: str, plans: list[Any], work: Path, nproc: int) -> list[list[int | None]]:
+    """The trial tracker's per-rank peaks; ``None`` where the trial did not complete."""
     from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import SubprocessRunner, TrialSettings
 
     runner = SubprocessRunner(
         entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=work / "trials"
     )
-    # the tracked step is the fourth, as the profiled one in each rank (stage 3 steady state)
+    # the tracked step is the fourth, as the reference's in each rank (stage 3 steady state)
     settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu", timeout_s=1800)
-    peaks = []
+    peaks: list[list[int | None]] = []
     for plan in plans:
         report = runner.run(plan, settings)
         if report.result is None or not report.result.peak_memory_bytes:
-            raise SystemExit(f"trial of {plan.describe()} failed: {report.stderr_tail[-800:]}")
-        peaks.append(report.result.peak_memory_bytes)
+            print(f"trial of {plan.describe()} failed: {report.stderr_tail[-800:]}",
+                  file=sys.stderr)  # fmt: skip
+            peaks.append([None] * nproc)
+        else:
+            peaks.append(list(report.result.peak_memory_bytes))
     return peaks
 
 
-def main() -> None:
+def _gloo_mode(plan: Any, predicted: int, reference: int, parameters: int) -> bool:
+    """A ZeRO-1/2 rank read one fp32 gradient partition (4 * parameters / N) above the estimate:
+    gloo's all-reduce work object still holds DeepSpeed's flattened bucket when the partition
+    is allocated (bench/RESULTS.md, "ZeRO-1/2 per-rank peaks move by one gradient partition")."""
+    if plan.engine != "deepspeed" or plan.zero_stage not in (1, 2):
+        return False
+    partition = 4 * parameters / plan.world_size
+    return abs(reference - predicted - partition) <= 0.25 * partition
+
+
+def _mib(value: int | None) -> str:
+    return "–" if value is None else f"{value / MIB:.2f}"
+
+
+def _print_table(rows: list[dict[str, Any]], categories: bool) -> list[float]:
+    """The markdown table, one row per plan and rank; returns the errors of rows with a reference."""
+    head = "| plan | rank | predicted MiB | reference MiB | predicted vs reference | trial tracker MiB | tracker vs reference |"
+    print(
+        "\n"
+        + head
+        + (" timeline MiB | timeline's categories at its peak (MiB) |" if categories else "")
+    )
+    print("|---" * (7 + 2 * categories) + "|")
+    errors = []
+    for row in rows:
+        reference, trial, predicted = row["reference"], row["trial"], row["predicted"]
+        shown = _mib(reference)
+        if reference is None:
+            error = tracker = NO_REFERENCE
+        else:
+            low = row["low"]
+            shown = shown if low == reference else f"{_mib(low)}–{shown}"
+            errors.append(bounded_error(predicted, low, reference))
+            error = f"{100 * errors[-1]:+.1f}%" + (" (gloo partition)" if row["gloo"] else "")
+            tracker = (
+                "–" if trial is None else f"{100 * bounded_error(trial, low, reference):+.1f}%"
+            )
+        cells = [row["plan"], str(row["rank"]), _mib(predicted), shown, error,
+                 _mib(trial), tracker]  # fmt: skip
+        if categories:
+            parts = ", ".join(
+                f"{name} {size / MIB:.2f}" if isinstance(size, int) else f"{name}: {size}"
+                for name, size in row["at_peak"].items() if size
+            )  # fmt: skip
+            cells += [_mib(row["timeline"]), parts or "–"]
+        print("| " + " | ".join(cells) + " |")
+    return errors
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--plans", nargs="+", required=True)
+    parser.add_argument("--plans", nargs="+", default=[])
+    parser.add_argument(
+        "--grid", help="engines=zero1,...,fsdp2-3 precision=... ckpt=... ga=... mb=..."
+    )
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--profile-batch", type=int, default=2)
-    parser.add_argument(
-        "--skip-torch",
-        action="store_true",
-        help="no torch.profiler ranks (its event record of a 124M-parameter step needs about "
-        "9.5 GB per rank, more than two ranks get on this 24 GiB machine)",
-    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--plans-per-job", type=int, default=1)
+    parser.add_argument("--no-trial", action="store_true", help="no trial tracker column")
+    parser.add_argument("--categories", action="store_true",
+                        help="torch's categorised timeline beside the reference (CPU; its event "
+                        "record with shapes and stacks needs far more memory)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per rank job")
     args = parser.parse_args()
+    if not args.plans and not args.grid:
+        parser.error("give --plans or --grid")
+    return args
+
+
+def main() -> None:
+    args = _arguments()
     from autotune.estimator import estimate_plan, facts_from_profile
     from autotune.records import parse_plan
     from autotune.runtime.profiler import profile
 
     started = time.time()
     model = str(Path(args.model).resolve())
-    plans = [parse_plan(f"{text},gpus={args.nproc}") for text in args.plans]
-    record = profile(model, batch_size=args.profile_batch, steps=2, warmup=1, device="cpu")
+    record = profile(model, batch_size=args.profile_batch, steps=2, warmup=1, device=args.device)
+    stack = record.model.block_stack
+    blocks = stack.count if stack else 1
+    texts = [*args.plans, *(grid_plans(args.grid, blocks) if args.grid else [])]
+    plans = [parse_plan(f"{text},gpus={args.nproc}") for text in texts]
     facts = facts_from_profile(record)
-    predicted = [estimate_plan(facts, plan).memory for plan in plans]
+    predicted = [estimate_plan(facts, plan).memory.peak for plan in plans]
     with tempfile.TemporaryDirectory(prefix="zero-peaks-") as directory:
         work = Path(directory)
-        trials = _trial_peaks(model, plans, work)
-        none: list[list[dict[str, Any]]] = [[{"peak": None, "at_peak": {}}] * args.nproc] * len(
-            plans
+        none: list[int | None] = [None] * args.nproc
+        trials = (
+            [none] * len(plans) if args.no_trial else _trial_peaks(model, plans, work, args.nproc)
         )
-        torch_peaks = none if args.skip_torch else _torch_peaks(model, plans, args.nproc, work)
-    print(f"model {Path(args.model).name}: {record.model.parameters:,} parameters; "
-          f"profile at micro-batch {args.profile_batch}, {args.nproc} ranks")  # fmt: skip
-    print(
-        "\n| plan | rank | predicted MiB | trial (live tensors) MiB | torch.profiler MiB "
-        "| predicted vs torch | torch's categories at its peak (MiB) |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    worst = (0.0, "")
-    for plan, memory, trial, ranks in zip(plans, predicted, trials, torch_peaks, strict=True):
+        references = _reference_jobs(model, plans, args.nproc, work, args)
+    parameters = record.model.parameters
+    rows = []
+    for plan, memory, trial, ranks in zip(plans, predicted, trials, references, strict=True):
         for rank, (live, measured) in enumerate(zip(trial, ranks, strict=True)):
-            reference = measured["peak"] or live  # the trial's figure where torch's is not taken
-            error = memory.peak / reference - 1
-            if abs(error) > abs(worst[0]):
-                worst = (error, f"{plan.describe()} rank {rank}")
-            parts = ", ".join(
-                f"{name} {size / MIB:.2f}" for name, size in measured["at_peak"].items() if size
-            )
-            shown = "–" if measured["peak"] is None else f"{measured['peak'] / MIB:.2f}"
-            print(f"| {plan.describe()} | {rank} | {memory.peak / MIB:.2f} | {live / MIB:.2f} "
-                  f"| {shown} | {100 * error:+.1f}% | {parts or '–'} |")  # fmt: skip
-    against = "the trials (--skip-torch)" if args.skip_torch else "torch.profiler"
-    print(f"\nworst prediction vs {against}: {100 * worst[0]:+.1f}% ({worst[1]})")
+            reference = measured["reference"] if measured else None
+            low = measured.get("low", reference) if measured else None
+            rows.append({
+                "plan": plan.describe(), "rank": rank, "predicted": memory, "trial": live,
+                "reference": reference, "low": low, "timeline": (measured or {}).get("timeline"),
+                "at_peak": (measured or {}).get("at_peak", {}),
+                "gloo": reference is not None and _gloo_mode(plan, memory, reference, parameters),
+            })  # fmt: skip
+    instrument = (
+        "torch.cuda.max_memory_allocated"
+        if args.device == "cuda"
+        else ("bytes alive at the step's start + c10's allocation events replayed")
+    )
+    print(f"model {Path(args.model).name}: {parameters:,} parameters; profile at micro-batch "
+          f"{args.profile_batch}; {args.nproc} ranks; reference: {instrument}")  # fmt: skip
+    errors = _print_table(rows, args.categories)
+    _print_summary(rows, errors)
     print(f"{len(plans)} plans in {time.time() - started:.0f} s; command: {' '.join(sys.argv)}")
+
+
+def _print_summary(rows: list[dict[str, Any]], errors: list[float]) -> None:
+    missing = sum(row["reference"] is None for row in rows)
+    if not errors:
+        print(f"\nno rank row has a reference ({missing} rows: {NO_REFERENCE})")
+        return
+    line = summary(errors)
+    worst = min(
+        (r for r in rows if r["reference"]),
+        key=lambda r: bounded_error(r["predicted"], r["low"], r["reference"]),
+    )
+    bounded = sum(r["reference"] is not None and r["low"] != r["reference"] for r in rows)
+    gloo = sum(row["gloo"] for row in rows)
+    under = (
+        f"{100 * line['worst_under']:+.1f} % ({worst['plan']} rank {worst['rank']})"
+        if line["worst_under"] < 0
+        else "none"
+    )
+    print(f"\nunder-prediction: {round(line['under_share'] * line['rows'])} of {line['rows']} rank "
+          f"rows ({100 * line['under_share']:.0f} %); |error| median {100 * line['median']:.1f} %, "
+          f"p95 {100 * line['p95']:.1f} %, max {100 * line['max']:.1f} %; worst under-prediction "
+          f"{under}; {gloo} rows in the gloo-partition mode; {bounded} rows bounded (a free on "
+          f"another thread); {missing} rows with {NO_REFERENCE}")  # fmt: skip
+    trackers = [
+        bounded_error(r["trial"], r["low"], r["reference"])
+        for r in rows
+        if r["trial"] and r["reference"]
+    ]
+    if trackers:
+        off = sum(abs(error) > 0.02 for error in trackers)
+        print(f"trial tracker vs reference: {off} of {len(trackers)} rank rows off by more than "
+              f"2 %, max {100 * max(trackers, key=abs):+.1f} %")  # fmt: skip
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
+        from _zero_rank import rank_main
+
         rank_main(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -140,6 +140,80 @@ def allocator_peak(prof: Any, start_bytes: int) -> int:
     return start_bytes + max(0, max(fields.total_allocated - base for _, fields in allocations))
 
 
+def allocator_bounds(
+    prof: Any, alive: dict[int, int], alive_after: dict[int, int], marker: str
+) -> tuple[int, int]:
+    """Bounds on the peak live bytes of the step marked ``record_function(marker)``, where some
+    blocks are freed on threads the profiler does not cover.
+
+    c10's CPU reporter reads the profiler's thread-local state, so a block freed on another
+    thread (gloo's worker threads release collective buffers) reports no free, and
+    ``total_allocated`` never comes down for it (:func:`allocator_peak` then reads high).
+    The step's events are replayed from ``alive`` (address to bytes of the storages alive when
+    it starts). A block counts until its reported free, or until a later allocation at its
+    address (which proves it freed by then), or, when neither comes and it is not in
+    ``alive_after`` (the storages alive when the step has ended), to the step's end: the high
+    bound. A block freed unseen went at a time no event tells: the low bound never counts it.
+    With no such block the two are equal, and equal to :func:`allocator_peak` over the step.
+    Profile one step before the marked one, so that the blocks the marked step frees were
+    allocated under the profiler (c10 reports no free of an older block).
+
+    Returns:
+        (low, high): the true peak lies between them.
+    """
+    from torch._C._profiler import _EventType
+
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    marks = [node.start_time_ns for node in _walk(tree) if node.name == marker]
+    if not marks:
+        raise ValueError(f"no record_function {marker!r} in the profile")
+    events = [
+        fields
+        for _, fields in sorted(
+            (
+                (node.start_time_ns, node.typed[1])
+                for node in _walk(tree)
+                if node.typed[0] == _EventType.Allocation
+                and node.typed[1].device.type == "cpu"
+                and node.start_time_ns >= marks[0]
+            ),
+            key=lambda pair: pair[0],
+        )
+    ]
+    # the blocks (start storages, then allocations by index) that end without a reported free
+    owner: dict[int, Any] = {ptr: ("start", ptr) for ptr in alive}
+    unseen: set[Any] = set()
+    for index, fields in enumerate(events):
+        if fields.alloc_size < 0:
+            owner.pop(fields.ptr, None)
+            continue
+        if fields.ptr in owner:
+            unseen.add(owner[fields.ptr])
+        owner[fields.ptr] = ("event", index)
+    unseen |= {key for ptr, key in owner.items() if alive_after.get(ptr) is None}
+    bounds = []
+    for hold in (False, True):
+        live = {ptr: size for ptr, size in alive.items() if hold or ("start", ptr) not in unseen}
+        total = peak = sum(live.values())
+        for index, fields in enumerate(events):
+            if fields.alloc_size < 0:
+                total -= live.pop(fields.ptr, 0)
+                continue
+            total -= live.pop(fields.ptr, 0)  # reused: its earlier block was freed unseen
+            if hold or ("event", index) not in unseen:
+                live[fields.ptr] = fields.alloc_size
+                total += fields.alloc_size
+                peak = max(peak, total)
+        bounds.append(peak)
+    return bounds[0], bounds[1]
+
+
+def _walk(nodes: Any) -> Iterator[Any]:
+    for node in nodes:
+        yield node
+        yield from _walk(node.children)
+
+
 def load_module(path: Path) -> ModuleType:
     """Import a model file as a module, the plain way."""
     spec = importlib.util.spec_from_file_location(f"_ref_{path.stem}", path)

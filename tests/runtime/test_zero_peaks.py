@@ -1,8 +1,11 @@
-"""Per-rank peaks of 2-rank ZeRO plans: the estimate against the trial's own measurement.
+"""Per-rank peaks of 2-rank ZeRO-1/2/3 and FSDP2 stage 2/3 plans against torch's instrument in each rank.
 
-``bench/zero_peaks.py`` also records torch.profiler inside each rank (the independent
-instrument); its figures move from run to run on DeepSpeed engines (bench/RESULTS.md), so this
-CI test holds the estimate to the trial's live-tensor peak, which agreed with it per rank.
+``bench/zero_peaks.py`` runs the plans in one torchrun job of two ranks and reads, inside each
+rank, the bytes alive at the measured step's start plus c10's allocation events of the step
+from torch.profiler, replayed (``tests/_reference.py::allocator_bounds``): one reference for
+both engines (torch's categorised timeline asserts on FSDP2 steps; where it holds, the two
+agree to the byte, bench/RESULTS.md). A block freed on gloo's thread reports no free: the
+reference is then a range, and a prediction within 5 % of some point of it passes.
 """
 
 from __future__ import annotations
@@ -15,39 +18,49 @@ import sys
 from pathlib import Path
 
 import pytest
-from _models import mlp_stack
 
 from autotune.search._runner import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+PLANS = [
+    "stage=1,mb=2,ga=2",
+    "stage=2,mb=2",
+    "engine=fsdp2,stage=2,mb=2",
+    "engine=fsdp2,stage=3,mb=2",
+    "stage=3,mb=2",  # last in the rank job: a ZeRO-3 engine keeps its hooks after it
+]
 
 
 @pytest.mark.slow
-def test_two_rank_zero_1_2_3_plans_are_predicted_within_5_percent_of_the_trials(
+def test_two_rank_zero_and_fsdp2_plans_are_predicted_within_5_percent_of_torchs_allocator(
     tmp_path: Path,
 ) -> None:
-    model = tmp_path / "mlp.py"
-    model.write_text(mlp_stack(blocks=3, width=64, hidden=256))
-    plans = ["stage=1,mb=8,ga=2", "stage=2,mb=8,ga=2", "stage=3,mb=8,ga=2"]
+    model = REPO / "examples" / "tiny_llama.py"
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "zero_peaks.py"), str(model), "--profile-batch", "8",
-         "--skip-torch", "--plans", *plans],
+        [sys.executable, str(REPO / "bench" / "zero_peaks.py"), str(model), "--profile-batch", "2",
+         "--no-trial", "--plans-per-job", str(len(PLANS)), "--timeout", "900", "--plans", *PLANS],
         capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = re.findall(r"\| \S*stage=(\d)\S* \| \d \| ([0-9.]+) \| ([0-9.]+) \|", done.stdout)
-    assert len(rows) == 2 * len(plans), done.stdout  # one row per rank
+    rows = re.findall(
+        r"\| (\S+) \| \d \| ([0-9.]+) \| (?:([0-9.]+)–)?([0-9.]+) \| [+-][0-9.]+%", done.stdout
+    )  # plan, predicted, reference (MiB, low–high where a free was on gloo's thread)
+    assert len(rows) == 2 * len(PLANS), done.stdout + done.stderr[-3000:]
     params = int(re.search(r"([0-9,]+) parameters", done.stdout)[1].replace(",", ""))
-    # A ZeRO-1/2 rank's peak is sometimes one fp32 gradient partition (4 * params / 2 bytes,
-    # +8.3 % here) higher: gloo's all_reduce may still hold the bucket DeepSpeed flattened for
-    # it when DeepSpeed allocates its gradient partition, by thread timing. The estimate
-    # counts the two apart, so a rank may exceed the 5 % by that partition and no more
-    # (bench/zero_peak_spread.py and its section in bench/RESULTS.md).
+    # The one measured mode: a ZeRO-1/2 rank's peak is sometimes one fp32 gradient partition
+    # (4 * params / 2 bytes) higher, when gloo's all_reduce work object still holds the bucket
+    # DeepSpeed flattened for it as DeepSpeed allocates its gradient partition (3 of 10 rank
+    # peaks; bench/RESULTS.md "ZeRO-1/2 per-rank peaks move by one gradient partition"). The
+    # estimate counts the two apart, so such a rank may exceed the 5 % by that partition.
     partition_mib = 4 * params / 2 / 2**20
-    for stage, predicted, trial in rows:
-        low, high = float(predicted) * 0.95, float(predicted) * 1.05
-        slack = partition_mib if stage in ("1", "2") else 0.0
-        assert low <= float(trial) <= high + slack, done.stdout
+    for plan, predicted, low, high in rows:
+        gloo = "fsdp2" not in plan and ("stage=1" in plan or "stage=2" in plan)
+        # the reference lies in [low, high]; some point of it within 5 % of the prediction
+        allowed = (
+            float(predicted) * 0.95,
+            float(predicted) * 1.05 + (partition_mib if gloo else 0),
+        )
+        assert float(low or high) <= allowed[1] and float(high) >= allowed[0], done.stdout
 
 
 @pytest.mark.slow
