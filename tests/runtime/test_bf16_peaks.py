@@ -26,6 +26,7 @@ def _saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
     return saved.activations
 
 
+@pytest.mark.slow
 def test_traced_bf16_activations_are_what_a_real_bf16_forward_saves() -> None:
     """Not fp32's halved: the Llama keeps its RMSNorm and loss inputs in fp32 (18 % more)."""
     spec = traced_activations(LLAMA, ("bf16",))["bf16"]
