@@ -86,23 +86,28 @@ def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     tokens = model_file.tokens_per_sample(last[0])
     device = engine.device
     batches.close()
-    _forget(engine, model)
+    _forget(engine)
     return {"split": None, "tokens": tokens, "device": device, "engine": "deepspeed",
             "live": live, "cuda": cuda}  # fmt: skip
 
 
-def _forget(engine: Any, model: Any) -> None:
+def _forget(engine: Any) -> None:
     """Drop every reference DeepSpeed keeps to a finished engine, so a worker that runs
     the next trial holds none of this one's tensors (its peak would count them).
     """
     with contextlib.suppress(Exception):
         engine.destroy()  # hooks, ZeRO partitions
-    # ZeRO-3 puts the top module on a module-level stack it never pops (DeepSpeed 0.19).
+    # ZeRO-3 pushes each module on a module-level stack in its forward pre-hook and pops it
+    # in the post-hook (DeepSpeed 0.19, parameter_offload.py:537, 366). The top module is
+    # never popped, nor are the blocks a checkpointed recompute enters: torch stops that
+    # recompute early, before their post-hooks. One trial runs at a time, so the whole
+    # stack is this engine's (kept, it held the engine and its tensors into every later
+    # trial of a reused worker: +1.13 MB a trial on bert).
     from deepspeed.runtime.zero import parameter_offload
 
     stack = getattr(parameter_offload, "FWD_MODULE_STACK", None)
     if isinstance(stack, list):
-        stack[:] = [module for module in stack if module is not model]
+        stack.clear()
     # ... and caches a method per coordinator instance in a class-level lru_cache.
     from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
 
@@ -144,5 +149,5 @@ def warm_launcher(spec: WorkerSpec) -> TrialResult:
     }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    _forget(engine, model)
+    _forget(engine)
     return TrialResult(engine="deepspeed")
