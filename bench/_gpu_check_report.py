@@ -147,6 +147,8 @@ class Results:
     tune: TuneFigures | None = None
     zoo: str | None = None
     """``bench/zoo.py``'s table on this device, as it printed it."""
+    sharded: str | None = None
+    """``bench/zero_peaks.py``'s grid on this device, as it printed it."""
     skipped: list[str] = field(default_factory=list)
     errors: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -318,6 +320,9 @@ def markdown(results: Results) -> str:
         lines += _tune_section(results.tune)
     if results.zoo is not None:
         lines += [f"## Zoo: `{results.commands.get('zoo', 'bench/zoo.py')}`", "", results.zoo, ""]
+    if results.sharded is not None:
+        command = results.commands.get("sharded", "bench/zero_peaks.py")
+        lines += [f"## Sharded per-rank peaks: `{command}`", "", results.sharded, ""]
     if results.skipped or results.errors:
         lines += ["## Not run, or failed", ""]
         lines += [f"- {item}" for item in results.skipped]

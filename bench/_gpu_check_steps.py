@@ -304,6 +304,24 @@ def run_zoo(run: Run, results: Results) -> None:
         _failed(run, results, "zoo", done, "bench/zoo.py")
 
 
+def run_sharded(run: Run, results: Results) -> None:
+    """``bench/zero_peaks.py`` on the check's device: ZeRO-1/2/3 and FSDP2 stage 2/3 plans of a
+    tiny Llama, each rank's ``torch.cuda.max_memory_allocated`` against the estimate (on the CPU,
+    c10's allocator reading in each rank); one rank per GPU, or ``sharded_nproc`` on the CPU."""
+    import torch
+
+    nproc = run.config.sharded_nproc or max(1, torch.cuda.device_count())
+    cmd = [sys.executable, "bench/zero_peaks.py", "examples/tiny_llama.py", "--device",
+           run.config.device, "--nproc", str(nproc), "--no-trial", "--plans-per-job", "10",
+           "--timeout", str(max(30, int(run.left() - 10))), "--grid", run.config.sharded_grid]  # fmt: skip
+    results.commands["sharded"] = " ".join(["python", *cmd[1:]])
+    done = run.command("sharded", cmd, cap=600)
+    if done.returncode == 0:
+        results.sharded = done.stdout.strip()
+    else:
+        _failed(run, results, "sharded", done, "bench/zero_peaks.py")
+
+
 Step = Callable[[Run, Results], None]
 STEPS: list[tuple[str, str, Step]] = [
     # (--only key, name, the step)
@@ -314,4 +332,5 @@ STEPS: list[tuple[str, str, Step]] = [
     ("tune", "autotune tune", run_tune),
     ("deepspeed", "DeepSpeed bf16 plans", run_deepspeed_plans),
     ("zoo", "zoo (bench/zoo.py)", run_zoo),
+    ("sharded", "sharded per-rank peaks (bench/zero_peaks.py)", run_sharded),
 ]

@@ -5,7 +5,9 @@ about 1.1B parameters at sequence 2048 at two micro-batches, with and without ch
 in bf16 autocast (``autotune profile``) and with DeepSpeed bf16 weights (autotune's trial
 worker), and predicts each plan's peak from the model file alone (``autotune estimate``,
 traced) and from one profile; (3) finds the largest micro-batch that fits for one plan with
-``autotune tune``, a real out-of-memory included; (4) writes every figure as markdown
+``autotune tune``, a real out-of-memory included; (4) runs ZeRO-1/2/3 and FSDP2 stage 2/3
+plans of a tiny Llama, one rank per GPU, against each rank's ``torch.cuda.max_memory_allocated``
+(``bench/zero_peaks.py``, the grid of bench/RESULTS.md's CPU table); (5) writes every figure as markdown
 (``--out``, default bench/RESULTS-gpu.md) and JSON beside it. It stops itself cleanly at
 ``--time-limit`` with what it has. ``--smoke`` runs the same steps on the CPU with a tiny
 model (what tests/bench/test_gpu_check.py runs).
@@ -53,6 +55,10 @@ class Config:
     time_limit: float
     min_seconds: dict[str, float]
     """Seconds a step (or one plan of it) needs: with fewer left it is not started."""
+    sharded_grid: str
+    """``bench/zero_peaks.py --grid`` of the sharded step (tiny Llama)."""
+    sharded_nproc: int | None
+    """Ranks of the sharded step; ``None``: one per visible GPU."""
 
 
 GPU = Config(
@@ -60,14 +66,18 @@ GPU = Config(
     trial_steps=3, trial_warmup=1, tune_ladder=(32, 16, 8, 4), trial_s=30, pytest_target=("tests",),
     time_limit=480.0,
     min_seconds={"pytest": 60, "trace": 20, "profiles": 30, "estimate": 10, "tune": 90,
-                 "deepspeed": 40, "zoo": 60},
+                 "deepspeed": 40, "zoo": 60, "sharded": 60},
+    sharded_grid="engines=zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 "
+                 "ckpt=none,partial,full ga=1,4 mb=2",
+    sharded_nproc=None,
 )  # fmt: skip
 SMOKE = Config(
     model="tiny", device="cpu", micro_batches=(2,), profile_steps=2, profile_warmup=1,
     trial_steps=1, trial_warmup=0, tune_ladder=(2, 1), trial_s=20,
     pytest_target=("tests/runtime/test_gpu.py",), time_limit=300.0,
     min_seconds={"pytest": 10, "trace": 10, "profiles": 15, "estimate": 5, "tune": 40,
-                 "deepspeed": 20, "zoo": 20},
+                 "deepspeed": 20, "zoo": 20, "sharded": 20},
+    sharded_grid="engines=zero2 mb=2", sharded_nproc=1,
 )  # fmt: skip
 
 

@@ -73,6 +73,8 @@ def test_smoke_run_measures_every_plan_and_tunes(tmp_path: Path) -> None:
     assert len(finished) == 2 == sum(1 for row in rows if row[4] == "ok")
     assert "Largest micro-batch that fits: 2" in markdown
     assert figures["tune"]["recommendation"] is not None and not figures["errors"]
+    # The sharded step: bench/zero_peaks.py's table with its reference and under-prediction line.
+    assert "## Sharded per-rank peaks" in markdown and "under-prediction: " in markdown
 
 
 @pytest.mark.slow
