@@ -135,9 +135,15 @@ def traced_precisions(
 
 
 def default_guard(nproc: int) -> int:
-    """RSS per rank above which a trial stops itself, so the machine never meets its OOM killer."""
+    """RSS per rank above which a trial stops itself, so the machine never meets its OOM killer.
+
+    Read after this process has handed back what its profiling freed.
+    """
     import psutil
 
+    from autotune.runtime.profiler import return_freed_memory
+
+    return_freed_memory()
     return int(psutil.virtual_memory().available * GUARD_SHARE / nproc)
 
 

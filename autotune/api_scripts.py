@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api import make_predict
+from autotune.api import default_guard, make_predict
 from autotune.emit import code_changes_for
 from autotune.policy import policy_plan
 from autotune.records import (
@@ -37,8 +37,6 @@ from autotune.search import (
     tune,
 )
 
-GUARD_SHARE = 0.5
-"""Share of the machine's available RAM all ranks of a trial may use together."""
 NO_PROFILE = (
     "the script's model could not be profiled: the estimate pruned no plan and the policy's "
     "rules were not applied"
@@ -86,12 +84,6 @@ def _injectable(policy: Plan, probe: ScriptProbe | None) -> tuple[Plan, list[str
     return policy.with_changes(**{k: drop[k] for k in changed}), [note]
 
 
-def _guard(nproc: int) -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().available * GUARD_SHARE / nproc)
-
-
 def tune_script(
     command: Sequence[str],
     *,
@@ -135,7 +127,7 @@ def tune_script(
         stem = f"{Path(script).stem}-g{options.global_batch}-n{machine.gpus_per_node}"
         options = replace(options, study_name=stem)
     machine = replace(machine, device=trial_device(machine.device))
-    settings = trial_settings(label, options, machine, _guard(machine.gpus_per_node))
+    settings = trial_settings(label, options, machine, default_guard(machine.gpus_per_node))
     if runner is None:
         runner = ScriptRunner(command, hook_dir=HOOK_DIR, arg_map=mapping,
                               entry_points=ENTRY_POINTS)  # fmt: skip
@@ -159,7 +151,7 @@ def tune_script(
     policy, predict, notes = None, None, [NO_PROFILE]
     if record is not None:
         machine = machine.with_default_budget(record)
-        settings = trial_settings(label, options, machine, _guard(machine.gpus_per_node))
+        settings = trial_settings(label, options, machine, default_guard(machine.gpus_per_node))
         policy, notes = _injectable(
             policy_plan(record, machine=machine, global_batch=options.global_batch,
                         policy_path=options.policy_path), probe,
@@ -200,7 +192,7 @@ def profile_script(
     mapping = dict(arg_map) if isinstance(arg_map, Mapping) else parse_arg_map(arg_map)
     label = shlex.join(command)
     settings = TrialSettings(model_file=label, steps=steps, warmup=warmup, device=trial_device(device),
-                             timeout_s=timeout_s, memory_guard=_guard(nproc))  # fmt: skip
+                             timeout_s=timeout_s, memory_guard=default_guard(nproc))  # fmt: skip
     runner = ScriptRunner(command, hook_dir=HOOK_DIR, arg_map=mapping, entry_points=ENTRY_POINTS)
     probe = runner.probe(Plan(micro_batch=batch_size, gpus_per_node=nproc), settings, profile=True)
     if probe.profile is None:

@@ -16,6 +16,7 @@ from autotune.search._compare import (
     recommendation,
 )
 from autotune.search._identity import check_identity
+from autotune.search._outcome import GUARD_EXIT
 from autotune.search._pool import (
     PoolRunner,
     done_path,
@@ -74,6 +75,7 @@ from autotune.search._tune import (
 )
 
 __all__ = [
+    "GUARD_EXIT",
     "AgentRunner",
     "ARG_KEYS",
     "ask",

@@ -15,9 +15,17 @@ _OOM_PATTERNS = re.compile(
     r"|autotune memory guard",
     re.IGNORECASE,
 )
+GUARD_EXIT = 87
+"""The exit status of a trial worker stopped by its memory guard. torchrun reports it per rank
+("exitcode : 87") after a traceback long enough to push the guard's own line out of the tail."""
+_RANK_GUARD = re.compile(rf"exitcode\s*:\s*{GUARD_EXIT}\b")
 # torchrun reports a rank killed by a signal in its own words, not in its return code.
 _RANK_SIGKILL = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b")
 _SIGKILL_CODES = (-signal.SIGKILL, 128 + signal.SIGKILL)
+# A Python error's last line ("ValueError: ...") or the trial worker's own "autotune: ..." line;
+# torchrun's ChildFailedError and its "=====" summary that follow say nothing of the cause.
+_ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt)\b.*|autotune: .+)$")
+_LAUNCHER = re.compile(r"ChildFailedError")
 
 
 def classify_outcome(
@@ -46,9 +54,9 @@ def classify_outcome(
         return "oom"
     if returncode == 0 and result is not None and error is None and result.completed_steps > 0:
         return "oom" if over_budget(result) else "ok"
-    if returncode in _SIGKILL_CODES or _RANK_SIGKILL.search(stderr_tail):
+    if returncode in (*_SIGKILL_CODES, GUARD_EXIT) or _RANK_SIGKILL.search(stderr_tail):
         return "oom"
-    return "crash"
+    return "oom" if _RANK_GUARD.search(stderr_tail) else "crash"
 
 
 def over_budget(result: TrialResult) -> bool:
@@ -69,7 +77,14 @@ def outcome_reason(outcome: Outcome, result: TrialResult | None, stderr_tail: st
         return f"measured peak {result.peak} B > budget {result.device_memory} B ({result.peak_source})"
     if result is not None and result.error:
         return result.error.splitlines()[-1][:300]
-    lines = [line for line in stderr_tail.splitlines() if line.strip()]
-    if outcome == "oom" and not any(_OOM_PATTERNS.search(line) for line in lines):
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    if outcome == "oom":
+        said = [line for line in lines if _OOM_PATTERNS.search(line)]
+        if said:  # the error's own line, not torchrun's summary after it
+            return said[-1][:300]
+        if _RANK_GUARD.search(stderr_tail):
+            return (f"a rank stopped at its memory guard (exit {GUARD_EXIT}): its RSS passed its "
+                    "share of this machine's free memory")  # fmt: skip
         return "killed by SIGKILL not sent by autotune (kernel OOM killer)"
-    return lines[-1][:300] if lines else "exited without a result"
+    errors = [line for line in lines if _ERROR_LINE.match(line) and not _LAUNCHER.search(line)]
+    return (errors or lines or ["exited without a result"])[-1][:300]

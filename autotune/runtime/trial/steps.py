@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from autotune.records import median_interval, relative_half_width
-from autotune.search import TrialResult, WorkerSpec
+from autotune.search import GUARD_EXIT, TrialResult, WorkerSpec
 
 
 class MemoryWatch:
@@ -44,7 +44,7 @@ class MemoryWatch:
             if self.limit is not None and rss > self.limit:
                 sys.stderr.write(f"autotune memory guard: RSS {rss} B > limit {self.limit} B\n")
                 sys.stderr.flush()
-                os._exit(3)
+                os._exit(GUARD_EXIT)
 
     def rebase(self) -> None:
         """Measure from here: the model file's own imports are not the plan's memory."""
