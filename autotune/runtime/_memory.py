@@ -246,6 +246,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self._peak = 0
         self.peak_snapshot: list[_Live] = []
         self._at_peak = False
+        self._emptied: dict[int, str] = {}
+        """Categories of storages resized to nothing, by key, for when they grow again."""
         self._pending: tuple[int, int] | None = None
         """(operand key, bytes) of a backward sum not yet counted: in place if the operand
         is freed next, else counted when the next op or free comes."""
@@ -255,6 +257,43 @@ class LiveTensorTracker(TorchDispatchMode):
         """The most live bytes seen (a pending backward sum settled first)."""
         self._settle()
         return self._peak
+
+    def __enter__(self) -> LiveTensorTracker:
+        # FSDP2 frees and re-allocates its unsharded parameters with ``UntypedStorage.resize_``
+        # (``_fsdp_param.py`` free_storage / alloc_storage), a storage method no op dispatches.
+        original = torch.UntypedStorage.resize_
+        self._unpatched = original
+
+        def resize_(storage: Any, size: int) -> Any:
+            out = original(storage, size)
+            self._resized(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.UntypedStorage.resize_ = self._unpatched  # type: ignore[method-assign]
+        super().__exit__(*exc)
+
+    def _resized(self, storage: Any) -> None:
+        """A storage resized in place: its old bytes freed, its new ones (if any) allocated,
+        what it was called kept across a resize to nothing and back."""
+        if storage.device.type != self.device_type:
+            return
+        self._settle()
+        key, nbytes = int(storage._cdata), storage.nbytes()
+        record = self.live.get(key)
+        if record is not None and record.nbytes == nbytes:
+            return
+        category = record.category if record else self._emptied.pop(key, "temporaries")
+        if record is not None:
+            self._freed(key, self._refs[key])
+        if nbytes:
+            self._track(storage).category = category
+        else:
+            self._emptied[key] = category
 
     def mark(self, tensors: Iterable[torch.Tensor], category: str) -> None:
         """Name the storages behind ``tensors`` (tracking them if they predate the tracker)."""

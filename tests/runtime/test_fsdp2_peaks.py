@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_two_rank_fsdp2_trials_complete_and_stage_2_tracks_torchs_allocator(
+def test_two_rank_fsdp2_trials_complete_and_their_tracker_holds_to_torchs_allocator(
     tmp_path: Path,
 ) -> None:
     # bench/zero_peaks.py runs each plan as autotune's trial (the trial worker's fully_shard
@@ -32,10 +32,7 @@ def test_two_rank_fsdp2_trials_complete_and_stage_2_tracks_torchs_allocator(
         done.stdout,
     )  # stage, reference (high bound), trial tracker (MiB), tracker vs the reference's bounds
     assert len(rows) == 2 * len(plans), done.stdout + done.stderr[-3000:]
-    for stage, _reference, _tracker, error in rows:
-        if stage == "2":
-            assert abs(float(error)) <= 2.0, done.stdout
-        else:
-            # Stage 3: the tracker reads every block's gathered parameters as still alive
-            # (bench/RESULTS.md, the tracker column of the grid), so it only errs high here.
-            assert float(error) >= -2.0, done.stdout
+    for _stage, _reference, _tracker, error in rows:
+        # Stage 3 frees each block's gathered parameters with UntypedStorage.resize_(0), which
+        # no op dispatches: the tracker once read them as alive (+14.1 %, bench/RESULTS.md).
+        assert abs(float(error)) <= 2.0, done.stdout
