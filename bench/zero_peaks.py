@@ -262,9 +262,10 @@ def _arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = _arguments()
-    from autotune.estimator import estimate_plan, facts_from_profile
-    from autotune.records import parse_plan
+    from autotune.estimator import estimate_plan, facts_from_profile, with_activations
+    from autotune.records import AUTOCAST_PLAN_PRECISION, parse_plan
     from autotune.runtime.profiler import profile
+    from autotune.runtime.trace import traced_activations
 
     started = time.time()
     model = str(Path(args.model).resolve())
@@ -273,7 +274,10 @@ def main() -> None:
     blocks = stack.count if stack else 1
     texts = [*args.plans, *(grid_plans(args.grid, blocks) if args.grid else [])]
     plans = [parse_plan(f"{text},gpus={args.nproc}") for text in texts]
-    facts = facts_from_profile(record)
+    # As tune predicts: precisions the profile did not run (16-bit weights) traced, not halved.
+    measured = AUTOCAST_PLAN_PRECISION[record.config.precision]
+    wanted = tuple(sorted({plan.precision for plan in plans} - {measured}))
+    facts = with_activations(facts_from_profile(record), traced_activations(model, wanted))
     predicted = [estimate_plan(facts, plan).memory.peak for plan in plans]
     with tempfile.TemporaryDirectory(prefix="zero-peaks-") as directory:
         work = Path(directory)

@@ -92,6 +92,10 @@ class Baseline(_Record):
     backward: float
     optimizer: float
     tokens_per_s: float | None = None
+    backward_at_peak: AtPeak | None = Field(
+        default=None,
+        description="what was live at the backward's own peak, where the step peaked later",
+    )
     dataloader_fixed: float = Field(default=0.0, description="per micro-batch, batch-independent")
     forward_fixed: float = 0.0
     backward_fixed: float = 0.0
@@ -192,6 +196,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             plan=plan,
             peak=memory.peak,
             at_peak=memory.at_peak,
+            backward_at_peak=memory.backward_at_peak,
             dataloader=time.dataloader,
             forward=time.forward,
             backward=time.backward,

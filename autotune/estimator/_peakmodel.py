@@ -174,6 +174,8 @@ def predict_peak(
     moment_act = old[moment]["activations"] if moment in old else 0.0
     measured = max(live["temporaries"] - old[moment]["temporaries"], 0.0) if moment in old else 0.0
     per_act = measured / moment_act if moment != "optimizer" and moment_act else 0.0
+    if moment == "optimizer":
+        per_act = _backward_share(facts, base, old, plan)
     totals, temps = {}, {}
     for name, sizes in new.items():
         late = zero.late_temporaries(facts, plan) if name in ("backward", "recompute") else 0.0
@@ -210,6 +212,21 @@ def _dtype_ratio(facts: ModelFacts, measured: Plan, plan: Plan) -> float:
         return 1.0
     spec, _ = activation_spec(facts, plan.precision)
     return spec.temporaries_vs_fp32 or 1.0
+
+
+def _backward_share(
+    facts: ModelFacts, base: Baseline | TracedMoment, old: dict[str, dict[str, float]], plan: Plan
+) -> float:
+    """Backward's own temporaries per activation byte, from the backward's peak the profile
+    recorded beside a whole-step peak at the optimizer step (which holds none of them): the
+    loss's gradient buffers that a plan peaking at its backward holds beside the activations
+    (GPT-2 small at micro-batch 1: 196 MiB that a ZeRO-1 plan with accumulation missed)."""
+    back = getattr(base, "backward_at_peak", None)
+    if back is None or not old["backward"]["activations"]:
+        return 0.0
+    temporaries = back.temporaries * _dtype_ratio(facts, base.plan, plan)
+    extra = max(temporaries - old["backward"]["temporaries"], 0.0)
+    return extra / old["backward"]["activations"]
 
 
 def _buckets_note(how: str, buckets: float) -> str:

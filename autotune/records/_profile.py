@@ -112,6 +112,15 @@ class MemoryBreakdown(_Record):
         ge=0,
         description="the live-tensor tracker's own peak, where peak_source is cpu_allocator",
     )
+    backward_peak: int | None = Field(
+        None,
+        ge=0,
+        description="live tensor bytes at their most during the backward passes alone (the "
+        "start of backward: activations, the loss's gradient buffers), for a step that peaks later",
+    )
+    backward_at_peak: AtPeak | None = Field(
+        None, description="what was live at backward_peak, by category"
+    )
     cuda_reserved: int | None = None
     process_rss: int | None = None
     fits_judged_on: str = Field(description="which figure a budget check uses")

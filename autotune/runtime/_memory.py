@@ -215,6 +215,11 @@ class _Live:
     category: str = "temporaries"
 
 
+WINDOW_SAVED = 0.1
+"""Share of the saved activations whose freeing ends the backward's window
+(:meth:`LiveTensorTracker.open_window`)."""
+
+
 class LiveTensorTracker(TorchDispatchMode):
     """Live tensor bytes on one device during a step, and what was live at their peak.
 
@@ -246,6 +251,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self._peak = 0
         self.peak_snapshot: list[_Live] = []
         self._at_peak = False
+        self._window: list[Any] | None = None
+        """While a window is open: [its peak, the records then, whether at that peak now]."""
         self._emptied: dict[int, str] = {}
         """Categories of storages resized to nothing, by key, for when they grow again."""
         self._pending: tuple[int, int] | None = None
@@ -340,6 +347,25 @@ class LiveTensorTracker(TorchDispatchMode):
         self.current += nbytes
         if self.current > self._peak:
             self._peak, self._at_peak = self.current, True
+        if self._window is not None and not self._window[3] and self.current > self._window[0]:
+            self._window[0], self._window[2] = self.current, True
+
+    def open_window(self) -> None:
+        """Start a second peak at the start of a backward, read by :meth:`close_window`: it
+        ends once a tenth of the saved activations are freed (:data:`WINDOW_SAVED`): the loss's
+        and the head's gradient buffers beside (nearly) every activation, before the layers'
+        own gradients change what the moment is made of."""
+        self._settle()
+        saved = sum(r.nbytes for r in self.live.values() if r.category == "activations")
+        self._window = [self.current, list(self.live.values()), True, False, saved * WINDOW_SAVED]
+
+    def close_window(self) -> tuple[int, AtPeak]:
+        """The window's peak and the categories then (marks made later apply to them too)."""
+        self._settle()
+        assert self._window is not None, "no window open"
+        peak, records, at_peak, *_ = self._window
+        self._window = None
+        return peak, _parts(list(self.live.values()) if at_peak else records)
 
     def _settle(self) -> None:
         """Count a pending backward sum as the out-of-place add it turned out to be."""
@@ -358,6 +384,14 @@ class LiveTensorTracker(TorchDispatchMode):
             self._refs.pop(key, None)
             return
         self._settle()
+        window = self._window
+        if window is not None and not window[3]:
+            if window[2]:  # leaving the window's peak
+                window[1], window[2] = list(self.live.values()), False
+            record = self.live.get(key)
+            if record is not None and record.category == "activations":
+                window[4] -= record.nbytes
+                window[3] = window[4] < 0
         if self._at_peak:  # leaving a peak: remember what made it up
             self.peak_snapshot, self._at_peak = list(self.live.values()), False
         record = self.live.pop(key, None)
@@ -415,11 +449,15 @@ class LiveTensorTracker(TorchDispatchMode):
     def at_peak(self) -> AtPeak:
         """The categories live at the peak; they add up to :attr:`peak`."""
         self._settle()
-        snapshot = list(self.live.values()) if self._at_peak else self.peak_snapshot
-        parts: dict[str, int] = {}
-        for record in snapshot:
-            parts[record.category] = parts.get(record.category, 0) + record.nbytes
-        return AtPeak(**parts)
+        return _parts(list(self.live.values()) if self._at_peak else self.peak_snapshot)
+
+
+def _parts(records: list[_Live]) -> AtPeak:
+    """Bytes by category of a set of live storages."""
+    parts: dict[str, int] = {}
+    for record in records:
+        parts[record.category] = parts.get(record.category, 0) + record.nbytes
+    return AtPeak(**parts)
 
 
 @dataclass(frozen=True)

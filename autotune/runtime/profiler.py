@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from autotune import __version__
 from autotune.records import (
     ActivationFit,
+    AtPeak,
     AutotuneError,
     BlockStack,
     Compute,
@@ -199,6 +200,9 @@ class TrackedStep:
     peak: mem.PeakResult
     saved: mem.SavedTensors
     gradients: int
+    backward: tuple[int, AtPeak] | None = None
+    """The live-tensor peak over the backward passes alone, and its parts: the start of backward
+    (the loss's gradient buffers beside the activations), where the whole step may peak later."""
 
 
 def tracked_step(runner: TrainRunner) -> TrackedStep:
@@ -215,7 +219,7 @@ def tracked_step(runner: TrainRunner) -> TrackedStep:
     if step.peak.source != "cpu_live_tensors" or detect_fake_mode(list(runner.model.parameters())):
         return step
     peak = mem.with_allocator_peak(step.peak, allocator_peak(runner))
-    return TrackedStep(peak, step.saved, step.gradients)
+    return TrackedStep(peak, step.saved, step.gradients, step.backward)
 
 
 def allocator_peak(runner: TrainRunner) -> int:
@@ -243,22 +247,25 @@ def _tensor_tracked_step(runner: TrainRunner) -> TrackedStep:
     """The step under the live-tensor tracker alone (its parts at the peak, what it saved)."""
     model, optimizer = runner.model, runner.optimizer
     with mem.track_peak(model, optimizer, runner.device) as (tracker, peak_out):
-        for _ in runner.micro_batches():
+        for index, _ in enumerate(runner.micro_batches()):
             batch = runner.next_batch()
             tracker.mark_batch(batch)
             with mem.count_saved_tensors(model) as saved:
                 loss = runner.forward(batch)
             for category, keys in saved.keys.items():
                 tracker.mark_keys(keys, category)
+            if index == 0:
+                tracker.open_window()
             runner.backward(loss)
             del loss, batch
+        backward = tracker.close_window()
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         gradients = mem.unique_bytes(grads)
         tracker.mark(grads, "gradients")
         del grads
         runner.optimizer_step()
         tracker.mark(mem.optimizer_state_tensors(optimizer), "optimizer_states")
-    return TrackedStep(peak_out[0], saved, gradients)
+    return TrackedStep(peak_out[0], saved, gradients, backward)
 
 
 def _measure_memory(runner: TrainRunner, report: Progress) -> tuple[MemoryBreakdown, Any]:
@@ -286,6 +293,8 @@ def _measure_memory(runner: TrainRunner, report: Progress) -> tuple[MemoryBreakd
         cuda_reserved=peak.cuda_reserved,
         process_rss=mem.process_rss(),
         live_tensor_peak=peak.live_tensors,
+        backward_peak=step.backward[0] if step.backward else None,
+        backward_at_peak=step.backward[1] if step.backward else None,
         fits_judged_on=f"memory.peak ({_JUDGED_ON.get(peak.source, peak.source)})",
     )
     return breakdown, samples_seen
