@@ -117,18 +117,10 @@ def _write_fsdp2(
     framework: str, as_json: bool,
 ) -> None:  # fmt: skip
     """The FSDP2 deliverable: the Accelerate config (YAML) to ``--out``, the rest printed."""
-    from autotune.api import fsdp2_config
-    from autotune.emit import accelerate_fsdp_yaml, block_stack_expression
+    from autotune.emit import accelerate_fsdp_yaml
     from autotune.records import atomic_write_text
 
-    stack = _block_stack(profile) if profile else None
-    result = fsdp2_config(
-        rec,
-        world_size=world_size,
-        block_stack=block_stack_expression(stack.path) if stack else None,
-        layer_class=stack.block_class if stack else None,
-        num_blocks=stack.count if stack else None,
-    )
+    result = fsdp2_for_stack(rec, world_size, _block_stack(profile) if profile else None)
     config_file = accelerate_fsdp_yaml(result["accelerate_config"])
     if out is not None:
         atomic_write_text(out, config_file)
@@ -155,6 +147,21 @@ def _write_fsdp2(
         console.print(text, markup=False, soft_wrap=True)
     for note in result["notes"]:
         err_console.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def fsdp2_for_stack(rec: Any, world_size: int | None, stack: Any) -> dict[str, Any]:
+    """``api.fsdp2_config`` for a model's block stack (a profile's or a tune record's), if known:
+    its Python path, the class Accelerate wraps, and L (its switch checkpoints all L or none)."""
+    from autotune.api import fsdp2_config
+    from autotune.emit import block_stack_expression
+
+    return fsdp2_config(
+        rec,
+        world_size=world_size,
+        block_stack=block_stack_expression(stack.path) if stack else None,
+        layer_class=stack.block_class if stack else None,
+        num_blocks=stack.count if stack else None,
+    )
 
 
 def _block_stack(path: Path) -> Any:

@@ -151,19 +151,13 @@ def _write_outputs(record: Any, out_dir: Path, nproc: int) -> list[Path]:
     rec = record.recommendation
     if rec is None:
         return written
-    from autotune.api import deepspeed_config, fsdp2_config
+    from autotune.api import deepspeed_config
 
     if rec.plan.engine == "fsdp2":  # its deliverable: the Accelerate config file
-        from autotune.emit import accelerate_fsdp_yaml, block_stack_expression
+        from autotune.cli.config import fsdp2_for_stack
+        from autotune.emit import accelerate_fsdp_yaml
 
-        stack = record.block_stack  # the wrapping class and L: K < L keeps the switch off
-        out = fsdp2_config(
-            rec,
-            world_size=nproc,
-            block_stack=block_stack_expression(stack.path) if stack else None,
-            layer_class=stack.block_class if stack else None,
-            num_blocks=stack.count if stack else None,
-        )
+        out = fsdp2_for_stack(rec, nproc, record.block_stack)
         return [
             *written,
             write_record(out_dir / "recommendation.json", rec),
