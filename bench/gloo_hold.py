@@ -30,6 +30,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(f"rank 0: storage alive after all_reduce returned and its last Python reference "
               f"went: {alive} of {ROUNDS} rounds; torch {torch.__version__}")  # fmt: skip
+    dist.barrier()  # leave together: a group destroyed under a peer's gloo threads can abort
     dist.destroy_process_group()
 
 

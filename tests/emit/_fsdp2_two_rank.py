@@ -53,6 +53,10 @@ def main() -> None:
     results = {item["name"]: run(item["code"]) for item in codes}
     if dist.get_rank() == 0:
         Path(sys.argv[2]).write_text(json.dumps(results))
+    # Leave together, as the trial worker does (runtime/trial/steps.py shut_down): a rank that
+    # destroys its group while the other's gloo threads still talk to it can abort at exit
+    # ("terminate called without an active exception"; CI saw it once in this test).
+    dist.barrier()
     dist.destroy_process_group()
 
 
