@@ -220,6 +220,18 @@ WINDOW_SAVED = 0.1
 (:meth:`LiveTensorTracker.open_window`)."""
 
 
+@dataclass
+class _Window:
+    """A second peak over part of the step: its bytes, the records then, and when it ends."""
+
+    peak: int
+    records: list[_Live]
+    saved_left: float
+    """Saved-activation bytes still to be freed before the window ends."""
+    at_peak: bool = True
+    ended: bool = False
+
+
 class LiveTensorTracker(TorchDispatchMode):
     """Live tensor bytes on one device during a step, and what was live at their peak.
 
@@ -251,8 +263,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self._peak = 0
         self.peak_snapshot: list[_Live] = []
         self._at_peak = False
-        self._window: list[Any] | None = None
-        """While a window is open: [its peak, the records then, whether at that peak now]."""
+        self._window: _Window | None = None
         self._emptied: dict[int, str] = {}
         """Categories of storages resized to nothing, by key, for when they grow again."""
         self._pending: tuple[int, int] | None = None
@@ -347,8 +358,9 @@ class LiveTensorTracker(TorchDispatchMode):
         self.current += nbytes
         if self.current > self._peak:
             self._peak, self._at_peak = self.current, True
-        if self._window is not None and not self._window[3] and self.current > self._window[0]:
-            self._window[0], self._window[2] = self.current, True
+        window = self._window
+        if window is not None and not window.ended and self.current > window.peak:
+            window.peak, window.at_peak = self.current, True
 
     def open_window(self) -> None:
         """Start a second peak at the start of a backward, read by :meth:`close_window`: it
@@ -357,15 +369,14 @@ class LiveTensorTracker(TorchDispatchMode):
         own gradients change what the moment is made of."""
         self._settle()
         saved = sum(r.nbytes for r in self.live.values() if r.category == "activations")
-        self._window = [self.current, list(self.live.values()), True, False, saved * WINDOW_SAVED]
+        self._window = _Window(self.current, list(self.live.values()), saved * WINDOW_SAVED)
 
     def close_window(self) -> tuple[int, AtPeak]:
         """The window's peak and the categories then (marks made later apply to them too)."""
         self._settle()
-        assert self._window is not None, "no window open"
-        peak, records, at_peak, *_ = self._window
-        self._window = None
-        return peak, _parts(list(self.live.values()) if at_peak else records)
+        window, self._window = self._window, None
+        assert window is not None, "no window open"
+        return window.peak, _parts(list(self.live.values()) if window.at_peak else window.records)
 
     def _settle(self) -> None:
         """Count a pending backward sum as the out-of-place add it turned out to be."""
@@ -385,13 +396,13 @@ class LiveTensorTracker(TorchDispatchMode):
             return
         self._settle()
         window = self._window
-        if window is not None and not window[3]:
-            if window[2]:  # leaving the window's peak
-                window[1], window[2] = list(self.live.values()), False
+        if window is not None and not window.ended:
+            if window.at_peak:  # leaving the window's peak
+                window.records, window.at_peak = list(self.live.values()), False
             record = self.live.get(key)
             if record is not None and record.category == "activations":
-                window[4] -= record.nbytes
-                window[3] = window[4] < 0
+                window.saved_left -= record.nbytes
+                window.ended = window.saved_left < 0
         if self._at_peak:  # leaving a peak: remember what made it up
             self.peak_snapshot, self._at_peak = list(self.live.values()), False
         record = self.live.pop(key, None)
