@@ -296,12 +296,7 @@ def run_zoo(run: Run, results: Results) -> None:
     profile's peak against the device's own counter and the estimate (one model when smoke)."""
     names = ["bert"] if run.smoke else []
     cmd = [sys.executable, "bench/zoo.py", "--device", run.config.device, *names]
-    results.commands["zoo"] = " ".join(["python", *cmd[1:]])
-    done = run.command("zoo", cmd, cap=600)
-    if done.returncode == 0:
-        results.zoo = done.stdout.strip()
-    else:
-        _failed(run, results, "zoo", done, "bench/zoo.py")
+    results.zoo = _bench_table(run, results, "zoo", cmd)
 
 
 def run_sharded(run: Run, results: Results) -> None:
@@ -314,12 +309,18 @@ def run_sharded(run: Run, results: Results) -> None:
     cmd = [sys.executable, "bench/zero_peaks.py", "examples/tiny_llama.py", "--device",
            run.config.device, "--nproc", str(nproc), "--no-trial", "--plans-per-job", "10",
            "--timeout", str(max(30, int(run.left() - 10))), "--grid", run.config.sharded_grid]  # fmt: skip
-    results.commands["sharded"] = " ".join(["python", *cmd[1:]])
-    done = run.command("sharded", cmd, cap=600)
+    results.sharded = _bench_table(run, results, "sharded", cmd)
+
+
+def _bench_table(run: Run, results: Results, step: str, cmd: list[str]) -> str | None:
+    """Run a bench script (``cmd[1]``) as the step ``step``: its printed table, or ``None``
+    with the failure recorded."""
+    results.commands[step] = " ".join(["python", *cmd[1:]])
+    done = run.command(step, cmd, cap=600)
     if done.returncode == 0:
-        results.sharded = done.stdout.strip()
-    else:
-        _failed(run, results, "sharded", done, "bench/zero_peaks.py")
+        return done.stdout.strip()
+    _failed(run, results, step, done, cmd[1])
+    return None
 
 
 Step = Callable[[Run, Results], None]
