@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _model_source import add_model_arguments, model_path
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 MIB = 2**20
@@ -204,17 +206,6 @@ def _measure(model: str, plan: Any, nproc: int, work: Path) -> list[dict[str, An
     return json.loads(out.read_text())
 
 
-def _model_path(args: argparse.Namespace, work: Path) -> str:
-    if args.hf_config is None:
-        return str(Path(args.model).resolve())
-    from autotune.runtime.hf import hf_model_file
-
-    text, _, stem = hf_model_file(hf_config=args.hf_config, seq_len=args.seq_len, task=None)
-    path = work / f"{stem}.py"
-    path.write_text(text, encoding="utf-8")
-    return str(path)
-
-
 def _facts(model: str, profile_batch: int, precisions: set[str]) -> tuple[Any, Any]:
     """The fp32 profile's facts (16-bit activations by formula), and the same with them traced."""
     from autotune.estimator import facts_from_profile, with_activations
@@ -230,11 +221,7 @@ def _facts(model: str, profile_batch: int, precisions: set[str]) -> tuple[Any, A
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?")
-    parser.add_argument("--hf-config")
-    parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--plans", nargs="+", required=True)
-    parser.add_argument("--nproc", type=int, default=2)
+    add_model_arguments(parser)
     parser.add_argument("--profile-batch", type=int, default=2)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
@@ -246,7 +233,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bf16-peaks-") as directory:
         work = Path(directory)
-        model = _model_path(args, work)
+        model = model_path(args, work)
         formula, traced = _facts(model, args.profile_batch, {p.precision for p in plans})
         for plan in plans:
             old, new = estimate_plan(formula, plan).memory, estimate_plan(traced, plan).memory

@@ -14,29 +14,22 @@ import os
 import tempfile
 from pathlib import Path
 
+from _model_source import add_model_arguments, model_path
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?")
-    parser.add_argument("--hf-config")
-    parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--plans", nargs="+", required=True)
-    parser.add_argument("--nproc", type=int, default=2)
+    add_model_arguments(parser)
     args = parser.parse_args()
     from autotune.records import parse_plan
-    from autotune.runtime.hf import hf_model_file
     from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import PoolRunner, TrialSettings
 
     with tempfile.TemporaryDirectory(prefix="worker-leak-") as directory:
-        model = args.model and str(Path(args.model).resolve())
-        if args.hf_config:
-            text, _, stem = hf_model_file(hf_config=args.hf_config, seq_len=args.seq_len, task=None)
-            model = str(Path(directory) / f"{stem}.py")
-            Path(model).write_text(text, encoding="utf-8")
+        model = model_path(args, Path(directory))
         settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu", timeout_s=600)
         print("| # | plan | per-rank peak (bytes) | source |\n|---|---|---|---|")
         with PoolRunner(entry_points=ENTRY_POINTS) as runner:
