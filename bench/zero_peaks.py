@@ -19,6 +19,10 @@ Run: OMP_NUM_THREADS=1 .venv/bin/python bench/zero_peaks.py examples/tiny_llama.
          --grid "engines=zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 ckpt=none,partial,full ga=1,4 mb=2"
 Each plan runs in ranks of its own unless ``--plans-per-job`` groups them (an earlier plan's
 storages are not counted in a later one's start; a ZeRO-3 engine keeps its hooks, so put it last).
+
+``--references FILE`` keeps each plan's rank references in FILE (JSON, written after every rank
+job) and reuses those already there: a long grid can be resumed, and a changed estimate printed
+against the same measurements without running the ranks again.
 """
 
 from __future__ import annotations
@@ -106,14 +110,29 @@ def summary(errors: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _kept(path: Path | None, nproc: int) -> dict[str, list[dict[str, Any] | None]]:
+    """The rank references ``--references`` holds, by plan; only complete ones are reused."""
+    if path is None or not path.exists():
+        return {}
+    kept = json.loads(path.read_text())  # read once by _arguments already
+    return {plan: ranks for plan, ranks in kept.items() if len(ranks) == nproc and all(ranks)}
+
+
 def _reference_jobs(
     model: str, plans: list[Any], nproc: int, work: Path, options: argparse.Namespace
 ) -> list[list[dict[str, Any] | None]]:
-    """Each plan's per-rank reference, from rank jobs of ``--plans-per-job`` plans each."""
-    found: list[list[dict[str, Any] | None]] = []
+    """Each plan's per-rank reference: kept in ``--references``, else from rank jobs of
+    ``--plans-per-job`` plans each (the file rewritten after every job)."""
+    kept = _kept(options.references, nproc)
+    todo = [plan for plan in plans if plan.describe() not in kept]
+    if len(todo) < len(plans):
+        print(f"{len(plans) - len(todo)} plans' references kept in {options.references}; "
+              f"{len(todo)} to run", file=sys.stderr)  # fmt: skip
     size = options.plans_per_job
-    for index in range(0, len(plans), size):
-        group = plans[index : index + size]
+    for index in range(0, len(todo), size):
+        group = todo[index : index + size]
+        print(f"rank job {index // size + 1} of {-(-len(todo) // size)}: "
+              f"{[p.describe() for p in group]}", file=sys.stderr, flush=True)  # fmt: skip
         job = work / f"job{index}.json"
         job.write_text(json.dumps({
             "model": model, "plans": [plan.model_dump_json() for plan in group],
@@ -126,12 +145,15 @@ def _reference_jobs(
         ]  # fmt: skip
         if _run_ranks(command, options.timeout) and out.exists():
             ranks = json.loads(out.read_text())
-            found += [[rank[at] for rank in ranks] for at in range(len(group))]
+            kept.update({p.describe(): [rank[at] for rank in ranks] for at, p in enumerate(group)})
+            if options.references is not None:  # whole or not at all
+                partial = options.references.with_suffix(".partial")
+                partial.write_text(json.dumps(kept, indent=1))
+                partial.replace(options.references)
         else:
             print(f"rank job of {[p.describe() for p in group]} failed: {NO_REFERENCE}",
                   file=sys.stderr)  # fmt: skip
-            found += [[None] * nproc for _ in group]
-    return found
+    return [kept.get(plan.describe(), [None] * nproc) for plan in plans]
 
 
 _INSTRUMENT_ABORTS = 2
@@ -254,9 +276,17 @@ def _arguments() -> argparse.Namespace:
                         help="torch's categorised timeline beside the reference (CPU; its event "
                         "record with shapes and stacks needs far more memory)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per rank job")
+    parser.add_argument("--references", type=Path,
+                        help="JSON file keeping the rank references: reused where present, "
+                        "written after every rank job")  # fmt: skip
     args = parser.parse_args()
     if not args.plans and not args.grid:
         parser.error("give --plans or --grid")
+    if args.references is not None and args.references.exists():
+        try:
+            json.loads(args.references.read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"--references {args.references}: not a references file ({error})")
     return args
 
 
