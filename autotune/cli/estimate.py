@@ -229,6 +229,8 @@ def _facts(
             return facts_from_model_file(model, precisions=precisions)  # type: ignore[arg-type]
     measured = _measured_facts(profiles)
     missing = tuple(p for p in precisions if p not in measured.activations)
+    if missing and model is None and traced is None:
+        model = _profiled_model(profiles[0])
     if missing and model is not None and traced is None:
         from autotune.runtime.trace import facts_from_model_file
 
@@ -243,6 +245,20 @@ def _facts(
             "block_parameters": traced.block_parameters,
         }
     )
+
+
+def _profiled_model(profile: Path) -> Path | None:
+    """The model file a profile ran, where it is still there and unchanged (its sha256): traced
+    for the precisions the profile lacks, as ``tune`` does, rather than derived by formula."""
+    import hashlib
+
+    provenance = _read_profile(profile).provenance
+    path = Path(provenance.model_file)
+    try:
+        same = hashlib.sha256(path.read_bytes()).hexdigest() == provenance.model_sha256
+    except OSError:
+        return None
+    return path if same else None
 
 
 def _measured_facts(profiles: list[Path]) -> ModelFacts:

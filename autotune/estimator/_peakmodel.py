@@ -72,8 +72,7 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
             "gradients": states.gradients,
             "activations": 0.0,
             "autocast_weight_copies": 0.0,
-            "temporaries": (buckets if plan.zero_stage >= 3 else 0.0)
-            + ((facts.traced_moment and facts.traced_moment.optimizer_temporaries) or 0.0),
+            "temporaries": (buckets if plan.zero_stage >= 3 else 0.0) + _traced_residue(facts),
         },
     }
     if k and fig.blocks:
@@ -94,7 +93,40 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
                            ("reduce", "reduce"), ("optimizer", "optimizer")):  # fmt: skip
             if name in result:
                 result[name].update(engine.get(name) or engine[held])
+    result["optimizer"]["temporaries"] += adam_step_temporaries(facts, plan)
     return result, states, spec.source
+
+
+ADAM_LIKE = 8.0
+"""Optimizer bytes per parameter from which the optimizer is taken for Adam's kind (two moments:
+Adam, AdamW), whose step makes the transients of :func:`adam_step_temporaries`."""
+
+
+def adam_step_temporaries(facts: ModelFacts, plan: Plan) -> float:
+    """Transients of torch's Adam step over per-parameter tensors, on the fp32 master weights.
+
+    ``torch.optim.adam``: the single-tensor path (torch's default on a CPU) makes
+    ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` one tensor at a time, two temporaries of a
+    parameter's size at once, so twice the largest parameter; the foreach path (its default
+    when every parameter is on CUDA) makes ``_foreach_sqrt`` of every moment of the group at
+    once, one copy of all of them. A ZeRO engine steps its flat partition and counts that
+    itself (:func:`zero.zero_engine_bytes`): 0 here. FSDP2 steps each parameter's shard.
+    DeepSpeed without ZeRO on 16-bit weights steps its fp32 copies (``FP16_UnfusedOptimizer``).
+    """
+    if zero.engine_moments(facts, plan) is not None or facts.optimizer_bytes_per_param < ADAM_LIKE:
+        return 0.0
+    shards = plan.world_size if plan.engine == "fsdp2" else 1
+    if facts.device_type == "cuda":
+        return 4.0 * facts.trainable_parameters / shards
+    return 2 * 4.0 * facts.largest_layer_parameters / shards
+
+
+def _traced_residue(facts: ModelFacts) -> float:
+    """The traced optimizer step's transients beyond Adam's own for the traced plan."""
+    traced = facts.traced_moment
+    if traced is None or not traced.optimizer_temporaries:
+        return 0.0
+    return max(traced.optimizer_temporaries - adam_step_temporaries(facts, traced.plan), 0.0)
 
 
 def _gradients_before_backward(plan: Plan) -> bool:
@@ -181,7 +213,10 @@ def predict_peak(
         late = zero.late_temporaries(facts, plan) if name in ("backward", "recompute") else 0.0
         if name == moment and name in old:
             scale = plan.micro_batch / base.plan.micro_batch
-            totals[name], temps[name] = _rescaled(live, old[name], sizes, moment, scale, late)
+            adam = (adam_step_temporaries(facts, base.plan), adam_step_temporaries(facts, plan))
+            totals[name], temps[name] = _rescaled(
+                live, old[name], sizes, moment, scale, late, adam=adam
+            )
         else:
             scaled = per_act * sizes["activations"] if name != "optimizer" else 0.0
             temps[name] = max(scaled, late) + sizes["temporaries"] - late
@@ -240,13 +275,16 @@ def _rescaled(
     moment: str,
     scale: float,
     late: float = 0.0,
+    adam: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[float, float]:
     """The measured moment with each category scaled by new/old.
 
     Temporaries follow what makes them: the recomputed block's activations, the
     micro-batch (``scale``, new/old) at the start of backward, nothing at the
-    optimizer step; the plans' own (DeepSpeed's buckets) are swapped, old for new.
-    ``late`` of the new ones appear only once the loss's own buffers are gone.
+    optimizer step but Adam's own (``adam``, :func:`adam_step_temporaries` of the old
+    and the new plan), of which the measured step shows how much it made (none where
+    its optimizer is fused); the plans' own (DeepSpeed's buckets) are swapped, old for
+    new. ``late`` of the new ones appear only once the loss's own buffers are gone.
     """
     total = 0.0
     for c in CATEGORIES:
@@ -262,6 +300,12 @@ def _rescaled(
         ratio = scale
     else:  # the optimizer's: independent of the batch
         ratio = 1.0
+    if moment == "optimizer":  # Adam's own as the step made them, scaled to the new plan's
+        seen = max(live["temporaries"] - (old["temporaries"] - adam[0]), 0.0)
+        made = min(seen, adam[0])
+        adams = made * adam[1] / adam[0] if adam[0] else 0.0
+        temps = seen - made + adams + new["temporaries"] - adam[1]
+        return total + temps, temps
     measured = max(live["temporaries"] - old["temporaries"], 0.0) * ratio
     temps = max(measured, late) + new["temporaries"] - late
     return total + temps, temps

@@ -322,6 +322,8 @@ def test_a_checkpointed_profile_peaking_in_a_recompute_is_rescaled_there() -> No
         temporaries=900_000,
     )
     facts = facts_from_profile(make_profile(checkpointing=True, at_peak=at_peak))
+    # layers small enough that Adam's step (two temporaries of the largest) stays below
+    facts = facts.model_copy(update={"largest_layer_parameters": 50_000})
     same = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=L))
     assert same.memory.peak == 15 * P + 940_000
     assert same.memory.peak_composition.startswith("recompute (measured")
