@@ -413,8 +413,12 @@ def zero_engine_bytes(
         partition = w * boundary
     small_bucket = bucket_elements < trainable
     reduction = max(flatten + (partition if small_bucket else 0.0), partition, earlier)
+    # the first gradient autograd makes, before the engine's hook copies it into the bucket
+    # and frees it (s12:1455-1460), with every other activation still saved: at worst the
+    # largest parameter's (GPT-2's tied head, first in its backward)
+    first = w * largest_parameter
     return {
-        "backward": {**base, "gradients": earlier, "temporaries": buckets},
+        "backward": {**base, "gradients": earlier, "temporaries": buckets + first},
         "reduce": {
             **base,
             "gradients": earlier if zero_stage > 1 else 0.0,
@@ -457,11 +461,13 @@ def late_temporaries(facts: ModelFacts, plan: Plan) -> float:
     stage 1 with accumulation, whose buckets stay from the first micro-batch to the
     boundary (no reduction off the boundary, s12:2293).
     """
-    if engine_moments(facts, plan) is None or plan.zero_stage >= 3:
+    engine = engine_moments(facts, plan)
+    if engine is None or plan.zero_stage >= 3:
         return 0.0
+    made = engine["backward"]["temporaries"]
     if plan.zero_stage == 1 and plan.grad_accum > 1:
-        return 0.0
-    return bucket_bytes(facts, plan)
+        return made - bucket_bytes(facts, plan)
+    return made
 
 
 GLOO_OVERLAP = (9, 30)
