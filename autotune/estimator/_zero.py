@@ -419,11 +419,9 @@ def zero_engine_bytes(
     first = w * largest_parameter
     return {
         "backward": {**base, "gradients": earlier, "temporaries": buckets + first},
-        "reduce": {
-            **base,
-            "gradients": earlier if zero_stage > 1 else 0.0,
-            "temporaries": buckets + reduction,
-        },
+        # stage 1's accumulated .grad are still there when the boundary's bucket is flattened
+        # (GPT-2 small, all blocks checkpointed, accumulation 4: -7.9 % without them)
+        "reduce": {**base, "gradients": earlier, "temporaries": buckets + reduction},
         "optimizer": {**base, **step},
     }
 
