@@ -117,6 +117,10 @@ class ModelFacts(_Record):
     trainable_parameters: int
     embedding_parameters: int = 0
     largest_layer_parameters: int = 0
+    parameter_sizes: tuple[int, ...] | None = Field(
+        default=None,
+        description="trainable parameters' element counts in the optimizer's order; None: unknown",
+    )
     buffers: int = 0
     block_stack: str | None = None
     num_layers: int = Field(
@@ -182,6 +186,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         trainable_parameters=trainable,
         embedding_parameters=model.embedding_parameters,
         largest_layer_parameters=model.largest_layer_parameters,
+        parameter_sizes=tuple(model.parameter_sizes) if model.parameter_sizes else None,
         buffers=memory.buffers,
         block_stack=model.block_stack.path if model.block_stack else None,
         num_layers=layers,

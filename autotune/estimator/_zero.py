@@ -6,6 +6,9 @@ the DeepSpeed emitter and the claim check all call them. Pure arithmetic, no tor
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 from dataclasses import dataclass
 
 from autotune.estimator._costmodel import ADAM_STATE_BYTES, WEIGHT_BYTES, Accounting
@@ -354,6 +357,7 @@ def zero_engine_bytes(
     grad_accum: int = 1,
     largest_parameter: float = 0.0,
     optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
+    partition_extent: float | None = None,
 ) -> ZeroMoments:
     """What a DeepSpeed ZeRO 1-3 engine allocates per rank, at each moment the step can peak.
 
@@ -381,14 +385,15 @@ def zero_engine_bytes(
       ``stage3_max_reuse_distance`` at its default
       every gathered parameter stays gathered from forward to backward (ppc:652).
 
-    The partition ``P`` is ``trainable / N``; a partition boundary may cut one
-    parameter, which then counts whole (``largest_parameter`` bounds it).
+    The partition ``P`` is ``trainable / N``; a partition boundary may cut a parameter,
+    which then counts whole: ``partition_extent`` (:func:`partition_elements`) where the
+    parameters' order is known, else ``largest_parameter`` bounds it.
     """
     n = max(world_size, 1)
     w = WEIGHT_BYTES[precision]
     part = trainable / n
     # s12:2186-2192: a parameter cut by the partition's edge counts whole (one edge per rank)
-    boundary = min(trainable, part + largest_parameter)
+    boundary = partition_extent or min(trainable, part + largest_parameter)
     flatten = w * min(bucket_elements, trainable) if n > 1 else 0.0
     step = {"gradients": 4.0 * part, "temporaries": 2 * 4.0 * part}
     if zero_stage >= 3:
@@ -426,6 +431,27 @@ def zero_engine_bytes(
     }
 
 
+@functools.lru_cache(maxsize=256)
+def partition_elements(sizes: tuple[int, ...], world_size: int) -> int:
+    """The most elements any rank's ZeRO-1/2 gradient partition holds: DeepSpeed sizes it as
+    every parameter the rank's slice of the flat buffer touches, whole (s12:2186-2192), so a
+    parameter cut by a slice's edge counts in both ranks (GPT-2 small on 2 ranks: the cut falls
+    in a block, 0.6M elements over the half, not the 38.6M of its largest, the embedding)."""
+    ends = list(itertools.accumulate(sizes))
+    total = ends[-1] if ends else 0
+    n = max(world_size, 1)
+    part = -(-total // (2 * n)) * 2  # the flat buffer padded to 2N elements (s12:387, 505)
+    most = 0
+    for rank in range(n):
+        low, high = rank * part, min((rank + 1) * part, total)
+        if low >= high:
+            break
+        first = bisect.bisect_right(ends, low)  # the parameter holding element ``low``
+        last = bisect.bisect_left(ends, high)  # the one holding element ``high - 1``
+        most = max(most, ends[last] - (ends[first - 1] if first else 0))
+    return most
+
+
 def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
     """:func:`zero_engine_bytes` for a plan, or ``None`` where it does not apply.
 
@@ -448,6 +474,11 @@ def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
         grad_accum=plan.grad_accum,
         largest_parameter=facts.largest_layer_parameters,
         optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+        partition_extent=(
+            partition_elements(facts.parameter_sizes, plan.world_size)
+            if facts.parameter_sizes
+            else None
+        ),
     )
 
 

@@ -45,6 +45,11 @@ class ModelInfo(_Record):
     trainable_parameters: int = Field(ge=0)
     embedding_parameters: int = Field(0, ge=0, description="input embedding tables (no FLOPs)")
     largest_layer_parameters: int = Field(0, ge=0, description="largest single module's own params")
+    parameter_sizes: list[int] | None = Field(
+        None,
+        description="each trainable parameter's element count, in the order an optimizer takes "
+        "them (where ZeRO's flat partitions cut); None: not recorded",
+    )
     block_stack: BlockStack | None = None
     tokens_per_sample: int | None = Field(None, description="from input_ids or TOKENS_PER_SAMPLE")
     hidden_size: int | None = None

@@ -458,6 +458,7 @@ def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
             (sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
             default=0,
         ),
+        parameter_sizes=[p.numel() for p in trainable],
         block_stack=stack,
         tokens_per_sample=tokens,
         hidden_size=getattr(config, "hidden_size", None),
