@@ -132,6 +132,9 @@ class ModelFacts(_Record):
     seq_len: int | None = Field(default=None, description="tokens per sample")
     optimizer_bytes_per_param: float = cm.ADAM_STATE_BYTES
     optimizer_source: Literal["measured", "assumed_adam"] = "assumed_adam"
+    optimizer_step: Literal["single_tensor", "foreach", "fused"] | None = Field(
+        default=None, description="the profiled optimizer's step path; None: torch's default"
+    )
     activations: dict[str, ActivationSpec] = Field(description="plan precision -> figures")
     baseline: Baseline | None = None
     device_type: str | None = Field(
@@ -196,6 +199,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         seq_len=model.tokens_per_sample,
         optimizer_bytes_per_param=memory.optimizer_states / trainable if trainable else 0.0,
         optimizer_source="measured",
+        optimizer_step=memory.optimizer_step,
         activations={precision: spec},
         baseline=Baseline(
             plan=plan,

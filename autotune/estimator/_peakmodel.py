@@ -105,18 +105,23 @@ Adam, AdamW), whose step makes the transients of :func:`adam_step_temporaries`."
 def adam_step_temporaries(facts: ModelFacts, plan: Plan) -> float:
     """Transients of torch's Adam step over per-parameter tensors, on the fp32 master weights.
 
-    ``torch.optim.adam``: the single-tensor path (torch's default on a CPU) makes
+    ``torch.optim.adam``, by the path the profile saw the optimizer take (else torch's default
+    for the device): the single-tensor path (the default on a CPU) makes
     ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` one tensor at a time, two temporaries of a
-    parameter's size at once, so twice the largest parameter; the foreach path (its default
+    parameter's size at once, so twice the largest parameter; the foreach path (the default
     when every parameter is on CUDA) makes ``_foreach_sqrt`` of every moment of the group at
-    once, one copy of all of them. A ZeRO engine steps its flat partition and counts that
-    itself (:func:`zero.zero_engine_bytes`): 0 here. FSDP2 steps each parameter's shard.
-    DeepSpeed without ZeRO on 16-bit weights steps its fp32 copies (``FP16_UnfusedOptimizer``).
+    once, one copy of all of them; the fused kernel none. A ZeRO engine steps its flat
+    partition and counts that itself (:func:`zero.zero_engine_bytes`): 0 here. FSDP2 steps
+    each parameter's shard. DeepSpeed without ZeRO on 16-bit weights steps its fp32 copies
+    (``FP16_UnfusedOptimizer``) with the same optimizer.
     """
     if zero.engine_moments(facts, plan) is not None or facts.optimizer_bytes_per_param < ADAM_LIKE:
         return 0.0
     shards = plan.world_size if plan.engine == "fsdp2" else 1
-    if facts.device_type == "cuda":
+    path = facts.optimizer_step or ("foreach" if facts.device_type == "cuda" else "single_tensor")
+    if path == "fused":
+        return 0.0
+    if path == "foreach":
         return 4.0 * facts.trainable_parameters / shards
     return 2 * 4.0 * facts.largest_layer_parameters / shards
 

@@ -102,6 +102,11 @@ class MemoryBreakdown(_Record):
     buffers: int = Field(0, ge=0)
     gradients: int = Field(ge=0, description="follows the trainable parameters")
     optimizer_states: int = Field(ge=0, description="read from the optimizer after one step")
+    optimizer_step: Literal["single_tensor", "foreach", "fused"] | None = Field(
+        None,
+        description="how the optimizer steps (torch's fused / foreach / single-tensor path): its "
+        "step's transients follow; None: not known",
+    )
     activations: int = Field(ge=0, description="saved for backward, unique storages, no params")
     autocast_weight_copies: int = Field(0, ge=0, description="16-bit weight copies autocast saves")
     activations_by_module: list[ModuleBytes] = Field(default_factory=list)

@@ -85,6 +85,27 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return unique_bytes(optimizer_state_tensors(optimizer))
 
 
+def optimizer_step_kind(optimizer: torch.optim.Optimizer) -> str | None:
+    """How a torch optimizer steps its parameters, as its own step resolves it: ``fused``,
+    ``foreach`` or ``single_tensor`` (its ``fused``/``foreach`` options, else torch's default
+    for where the parameters are: foreach on CUDA); ``None`` for an optimizer without them."""
+    defaults = getattr(optimizer, "defaults", {})
+    if "foreach" not in defaults:
+        return None
+    if defaults.get("fused"):
+        return "fused"
+    if defaults["foreach"] is not None:
+        return "foreach" if defaults["foreach"] else "single_tensor"
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    except (ImportError, TypeError):  # a private helper of torch's: absent, or its signature moved
+        return None
+    return "foreach" if foreach else "single_tensor"
+
+
 def is_weight_cast(tensor: torch.Tensor, max_depth: int = 4) -> bool:
     """Whether ``tensor`` is (a view of) a dtype cast of a parameter, as autocast makes."""
     if tensor.dtype not in _16BIT:

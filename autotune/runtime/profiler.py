@@ -283,6 +283,7 @@ def _measure_memory(runner: TrainRunner, report: Progress) -> tuple[MemoryBreakd
         buffers=mem.buffer_bytes(model),
         gradients=gradients,
         optimizer_states=mem.optimizer_state_bytes(optimizer),
+        optimizer_step=mem.optimizer_step_kind(optimizer),
         activations=saved.activations,
         autocast_weight_copies=saved.autocast_weight_copies,
         activations_by_module=[ModuleBytes(module=k, bytes=v) for k, v in saved.by_module.items()],
