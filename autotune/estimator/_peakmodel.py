@@ -299,18 +299,16 @@ def _rescaled(
             total += live[c] * new[c] / old[c]
         else:
             total += live[c] + new[c]  # nothing to scale: keep what was measured, add the new
-    if moment == "recompute":  # the recomputed block's own buffers
-        ratio = new["activations"] / old["activations"] if old["activations"] else 1.0
-    elif moment == "backward":  # the loss's gradients: one per sample
-        ratio = scale
-    else:  # the optimizer's: independent of the batch
-        ratio = 1.0
-    if moment == "optimizer":  # Adam's own as the step made them, scaled to the new plan's
+    if moment == "optimizer":  # independent of the batch; Adam's own scaled to the new plan's
         seen = max(live["temporaries"] - (old["temporaries"] - adam[0]), 0.0)
         made = min(seen, adam[0])
         adams = made * adam[1] / adam[0] if adam[0] else 0.0
         temps = seen - made + adams + new["temporaries"] - adam[1]
         return total + temps, temps
+    if moment == "recompute":  # the recomputed block's own buffers
+        ratio = new["activations"] / old["activations"] if old["activations"] else 1.0
+    else:  # the loss's gradients: one per sample
+        ratio = scale
     measured = max(live["temporaries"] - old["temporaries"], 0.0) * ratio
     temps = _after_loss(measured, late, moment) + new["temporaries"] - late
     return total + temps, temps
