@@ -282,6 +282,8 @@ def zero3_bytes(
     optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
     offload_optimizer: bool = False,
     offload_param: bool = False,
+    embedding_parameters: float = 0.0,
+    gloo: bool = False,
 ) -> tuple[ZeroMoments, StateBytes]:
     """DeepSpeed ZeRO-3 per rank, the one accounting: what it holds at each moment the step
     can peak, and the parts reported beside the peak, each the largest over those moments.
@@ -299,8 +301,12 @@ def zero3_bytes(
       ``stage3_max_reuse_distance`` at its default none is released before its backward
       (ppc:652), so the whole model's parameters are gathered at once, up to
       ``stage3_max_live_parameters`` (its default, which the emitted config keeps);
-    - at the reduction, the gathered parameters are gone and a flattened copy (the larger
-      of the gathered bytes and one bucket) is live;
+    - at the reduction (the end of backward), the gathered parameters are gone but the
+      input embedding's (``embedding_parameters``: its backward is the last, and its
+      gradient's hook reduces the bucket before the module releases them), and the bucket
+      is flattened (``cat``) for the reduce-scatter, which gloo (``gloo``: a CPU device)
+      copies once more (``c10d::_reduce_scatter_base_`` clones its input; NCCL does not):
+      a GPT-2 small rank's peak at every checkpointing;
     - at the optimizer step, the fp32 gradient partition (4P) and Adam's two temporaries
       of the flat partition.
 
@@ -327,7 +333,11 @@ def zero3_bytes(
     fp32_gradients = host_optimizer * 4.0 * part
     moments = {
         "backward": {**base, "parameters": base["parameters"] + gathered, "temporaries": bucket},
-        "reduce": {**base, "temporaries": bucket + max(gathered, flatten)},
+        "reduce": {
+            **base,
+            "parameters": base["parameters"] + w * min(embedding_parameters, parameters),
+            "temporaries": bucket + flatten * (2 if gloo else 1),
+        },
         "optimizer": {
             **base,
             "gradients": base["gradients"] + fp32_gradients,
@@ -358,6 +368,8 @@ def zero_engine_bytes(
     largest_parameter: float = 0.0,
     optimizer_bytes_per_param: float = ADAM_STATE_BYTES,
     partition_extent: float | None = None,
+    embedding_parameters: float = 0.0,
+    gloo: bool = False,
 ) -> ZeroMoments:
     """What a DeepSpeed ZeRO 1-3 engine allocates per rank, at each moment the step can peak.
 
@@ -399,7 +411,8 @@ def zero_engine_bytes(
     if zero_stage >= 3:
         return zero3_bytes(parameters=parameters, trainable=trainable, precision=precision,
                            world_size=n, bucket_elements=bucket_elements,
-                           optimizer_bytes_per_param=optimizer_bytes_per_param)[0]  # fmt: skip
+                           optimizer_bytes_per_param=optimizer_bytes_per_param,
+                           embedding_parameters=embedding_parameters, gloo=gloo)[0]  # fmt: skip
     base = {
         "parameters": w * parameters,
         "optimizer_states": (4.0 + optimizer_bytes_per_param) * part,
@@ -479,6 +492,8 @@ def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
             if facts.parameter_sizes
             else None
         ),
+        embedding_parameters=facts.embedding_parameters,
+        gloo=facts.device_type == "cpu",
     )
 
 

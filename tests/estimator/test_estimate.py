@@ -376,6 +376,7 @@ def test_zero3_parts_and_peak_come_from_one_accounting(precision: str) -> None:
         parameters=facts.parameters, trainable=facts.trainable_parameters, precision=precision,
         world_size=4, bucket_elements=bucket_elements(facts.parameters),
         optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+        embedding_parameters=facts.embedding_parameters, gloo=facts.device_type == "cpu",
     )  # fmt: skip
     # The reported parts are ZeRO-3's own: the gathered weights, both gradient partitions, the
     # master and moments.
