@@ -117,6 +117,9 @@ class ModelFacts(_Record):
     trainable_parameters: int
     embedding_parameters: int = 0
     largest_layer_parameters: int = 0
+    largest_tied_parameters: int = Field(
+        default=0, description="the largest parameter several modules share; 0: none"
+    )
     parameter_sizes: tuple[int, ...] | None = Field(
         default=None,
         description="trainable parameters' element counts in the optimizer's order; None: unknown",
@@ -190,6 +193,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         embedding_parameters=model.embedding_parameters,
         largest_layer_parameters=model.largest_layer_parameters,
         parameter_sizes=tuple(model.parameter_sizes) if model.parameter_sizes else None,
+        largest_tied_parameters=model.largest_tied_parameters,
         buffers=memory.buffers,
         block_stack=model.block_stack.path if model.block_stack else None,
         num_layers=layers,

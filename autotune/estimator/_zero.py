@@ -370,6 +370,7 @@ def zero_engine_bytes(
     partition_extent: float | None = None,
     embedding_parameters: float = 0.0,
     gloo: bool = False,
+    tied_parameters: float = 0.0,
 ) -> ZeroMoments:
     """What a DeepSpeed ZeRO 1-3 engine allocates per rank, at each moment the step can peak.
 
@@ -431,6 +432,11 @@ def zero_engine_bytes(
         partition = w * boundary
     small_bucket = bucket_elements < trainable
     reduction = max(flatten + (partition if small_bucket else 0.0), partition, earlier)
+    # a parameter several modules share (a head tied to the embedding) gets its gradient at its
+    # last use, the embedding's backward, as the sum of the head's and the embedding's: three
+    # of its size at once beside the buckets, before the reduction (a 2-block GPT-2 with a 50k
+    # vocabulary: its ZeRO-2 rank's peak)
+    reduction = max(reduction, 3 * w * tied_parameters)
     # the first gradient autograd makes, before the engine's hook copies it into the bucket
     # and frees it (s12:1455-1460), with every other activation still saved: at worst the
     # largest parameter's (GPT-2's tied head, first in its backward)
@@ -494,6 +500,7 @@ def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
         ),
         embedding_parameters=facts.embedding_parameters,
         gloo=facts.device_type == "cpu",
+        tied_parameters=facts.largest_tied_parameters,
     )
 
 

@@ -45,6 +45,9 @@ class ModelInfo(_Record):
     trainable_parameters: int = Field(ge=0)
     embedding_parameters: int = Field(0, ge=0, description="input embedding tables (no FLOPs)")
     largest_layer_parameters: int = Field(0, ge=0, description="largest single module's own params")
+    largest_tied_parameters: int = Field(
+        0, ge=0, description="the largest parameter several modules share (a tied head), 0: none"
+    )
     parameter_sizes: list[int] | None = Field(
         None,
         description="each trainable parameter's element count, in the order an optimizer takes "

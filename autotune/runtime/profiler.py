@@ -459,6 +459,7 @@ def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
             (sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
             default=0,
         ),
+        largest_tied_parameters=_largest_tied(model),
         parameter_sizes=[p.numel() for p in trainable],
         block_stack=stack,
         tokens_per_sample=tokens,
@@ -467,6 +468,18 @@ def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
         num_layers=getattr(config, "num_hidden_layers", None),
         attention=getattr(config, "_attn_implementation", None),
     )
+
+
+def _largest_tied(model: nn.Module) -> int:
+    """Elements of the largest trainable parameter more than one module holds (a head tied to
+    the input embedding), whose gradients autograd sums at its last use; 0 where none is."""
+    holders: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            holders[id(param)] = holders.get(id(param), 0) + 1
+            sizes[id(param)] = param.numel() if param.requires_grad else 0
+    return max((sizes[key] for key, count in holders.items() if count > 1), default=0)
 
 
 def _provenance(model_file: ModelFile, command: str | None, label: str | None) -> Provenance:

@@ -261,6 +261,7 @@ def _facts(
         embedding_parameters=info.embedding_parameters,
         largest_layer_parameters=info.largest_layer_parameters,
         parameter_sizes=tuple(info.parameter_sizes or ()) or None,
+        largest_tied_parameters=info.largest_tied_parameters,
         buffers=sum(buf.numel() * buf.element_size() for buf in meta.buffers()),
         block_stack=found[0] if found else None,
         num_layers=len(found[1]) if found else 0,
