@@ -39,12 +39,18 @@ and only then keeps gathered parameters for their reuse (its steady state)."""
 
 
 def _step(model_file: Any, engine: Any, batches: Any, grad_accum: int) -> None:
-    """One optimizer step of a DeepSpeed engine: ``grad_accum`` micro-batches."""
+    """One optimizer step of a DeepSpeed engine: ``grad_accum`` micro-batches, each phase
+    marked for :func:`named_at_peak`."""
+    from torch.profiler import record_function
+
     for _ in range(grad_accum):
         batch = model_file.move(next(batches), engine.device)
-        loss = model_file.loss(engine, batch)
-        engine.backward(loss)
-        engine.step()
+        with record_function("forward"):
+            loss = model_file.loss(engine, batch)
+        with record_function("backward"):
+            engine.backward(loss)
+        with record_function("engine.step"):
+            engine.step()
         del loss, batch
 
 
@@ -100,6 +106,42 @@ def _engine(model_file: Any, plan: Any, world: int, device: str) -> tuple[Any, A
     return engine, functools.partial(_step, model_file, engine, batches, plan.grad_accum)
 
 
+def named_at_peak(prof: Any, alive: dict[int, int], marker: str, top: int = 8) -> list[Any]:
+    """The blocks live at the marked step's peak (the high bound's replay), in MiB by what
+    allocated them: the op chain over each allocation event, innermost first (``start``: alive
+    when the step began). How the causes in bench/RESULTS.md were named."""
+    from _reference import _walk
+    from torch._C._profiler import _EventType
+
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    mark = min(node.start_time_ns for node in _walk(tree) if node.name == marker)
+    events = sorted(
+        (node for node in _walk(tree) if node.typed[0] == _EventType.Allocation
+         and node.typed[1].device.type == "cpu" and node.start_time_ns >= mark),
+        key=lambda node: node.start_time_ns,
+    )  # fmt: skip
+    live = {ptr: (size, "start") for ptr, size in alive.items()}
+    total = peak = sum(alive.values())
+    snapshot = dict(live)
+    for node in events:
+        fields = node.typed[1]
+        total -= live.pop(fields.ptr, (0, ""))[0]
+        if fields.alloc_size > 0:
+            chain, parent = [], node.parent
+            while parent is not None and parent.name != marker and len(chain) < 4:
+                chain.append(parent.name)
+                parent = parent.parent
+            live[fields.ptr] = (fields.alloc_size, " < ".join(chain) or "?")
+            total += fields.alloc_size
+            if total > peak:
+                peak, snapshot = total, dict(live)
+    groups: dict[str, int] = {}
+    for size, name in snapshot.values():
+        groups[name] = groups.get(name, 0) + size
+    ranked = sorted(groups.items(), key=lambda item: -item[1])[:top]
+    return [[round(size / 2**20, 2), name] for name, size in ranked if size]
+
+
 def _measure_cpu(step: Any, before: dict[int, int], categories: bool) -> dict[str, Any]:
     """The allocator reference of one step (after one more in the window), and the timeline's."""
     from _reference import _peak, allocator_bounds
@@ -127,6 +169,7 @@ def _measure_cpu(step: Any, before: dict[int, int], categories: bool) -> dict[st
         "start": sum(alive.values()),
         "timeline": None,
         "at_peak": {},
+        "named": named_at_peak(prof, alive, MARKER),
     }
     if categories:
         try:

@@ -11,14 +11,13 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.estimator import BUCKET_SIZE, bucket_elements
+from autotune.estimator import BUCKET_SIZE, STAGE3_PERSISTENCE_THRESHOLD, bucket_elements
 from autotune.records import AutotuneError, Capabilities, Plan, Recommendation
 
 Config = dict[str, Any]
 
 # DeepSpeed's own defaults, written out so the file shows what the engine will use.
 STAGE3_PREFETCH_BUCKET_SIZE = 50_000_000
-STAGE3_PERSISTENCE_THRESHOLD = 100_000
 GRADIENT_CLIPPING = 1.0
 FP16_LOSS_SCALING = {
     "loss_scale": 0,  # 0 = dynamic loss scaling

@@ -43,6 +43,7 @@ from autotune.estimator._peakmodel import (
 )
 from autotune.estimator._zero import (
     BUCKET_SIZE,
+    STAGE3_PERSISTENCE_THRESHOLD,
     bucket_elements,
     offload_bytes_per_step,
 )
@@ -50,6 +51,7 @@ from autotune.estimator._zero import (
 __all__ = [
     "ActivationSpec",
     "BUCKET_SIZE",
+    "STAGE3_PERSISTENCE_THRESHOLD",
     "CATEGORIES",
     "Claim",
     "ClaimCheck",

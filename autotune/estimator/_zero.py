@@ -21,6 +21,9 @@ PAPER_K = 12
 # DeepSpeed's own default, written out so configs show what the engine will use.
 BUCKET_SIZE = 500_000_000
 BUCKET_ALIGNMENT = 2
+STAGE3_PERSISTENCE_THRESHOLD = 100_000
+"""``stage3_param_persistence_threshold`` the emitted configs write (DeepSpeed's default): a
+parameter of at most this many elements stays gathered on every rank once fetched."""
 """ZeRO-1/2 asserts allgather_bucket_size % 2 == 0 (4-byte NCCL alignment of 16-bit elements)."""
 
 
@@ -284,6 +287,7 @@ def zero3_bytes(
     offload_param: bool = False,
     embedding_parameters: float = 0.0,
     gloo: bool = False,
+    persistent_parameters: float = 0.0,
 ) -> tuple[ZeroMoments, StateBytes]:
     """DeepSpeed ZeRO-3 per rank, the one accounting: what it holds at each moment the step
     can peak, and the parts reported beside the peak, each the largest over those moments.
@@ -307,6 +311,10 @@ def zero3_bytes(
       is flattened (``cat``) for the reduce-scatter, which gloo (``gloo``: a CPU device)
       copies once more (``c10d::_reduce_scatter_base_`` clones its input; NCCL does not):
       a GPT-2 small rank's peak at every checkpointing;
+    - outside the backward (where every parameter is gathered), the persistent ones
+      (``persistent_parameters``: those of at most :data:`STAGE3_PERSISTENCE_THRESHOLD`
+      elements, whole on every rank once fetched; on a tiny Llama every weight but the
+      embeddings, at 124M only biases and norms);
     - at the optimizer step, the fp32 gradient partition (4P) and Adam's two temporaries
       of the flat partition.
 
@@ -331,15 +339,19 @@ def zero3_bytes(
     gathered = w * min(parameters, STAGE3_MAX_LIVE_PARAMETERS)
     flatten = w * min(bucket_elements, trainable) if n > 1 else 0.0
     fp32_gradients = host_optimizer * 4.0 * part
+    persistent = w * min(persistent_parameters, parameters)
     moments = {
         "backward": {**base, "parameters": base["parameters"] + gathered, "temporaries": bucket},
         "reduce": {
             **base,
-            "parameters": base["parameters"] + w * min(embedding_parameters, parameters),
+            "parameters": base["parameters"]
+            + persistent
+            + w * min(embedding_parameters, parameters),
             "temporaries": bucket + flatten * (2 if gloo else 1),
         },
         "optimizer": {
             **base,
+            "parameters": base["parameters"] + persistent,
             "gradients": base["gradients"] + fp32_gradients,
             "temporaries": bucket + 2 * fp32_gradients,
         },
@@ -371,6 +383,7 @@ def zero_engine_bytes(
     embedding_parameters: float = 0.0,
     gloo: bool = False,
     tied_parameters: float = 0.0,
+    persistent_parameters: float = 0.0,
 ) -> ZeroMoments:
     """What a DeepSpeed ZeRO 1-3 engine allocates per rank, at each moment the step can peak.
 
@@ -413,7 +426,8 @@ def zero_engine_bytes(
         return zero3_bytes(parameters=parameters, trainable=trainable, precision=precision,
                            world_size=n, bucket_elements=bucket_elements,
                            optimizer_bytes_per_param=optimizer_bytes_per_param,
-                           embedding_parameters=embedding_parameters, gloo=gloo)[0]  # fmt: skip
+                           embedding_parameters=embedding_parameters, gloo=gloo,
+                           persistent_parameters=persistent_parameters)[0]  # fmt: skip
     base = {
         "parameters": w * parameters,
         "optimizer_states": (4.0 + optimizer_bytes_per_param) * part,
@@ -501,6 +515,9 @@ def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
         embedding_parameters=facts.embedding_parameters,
         gloo=facts.device_type == "cpu",
         tied_parameters=facts.largest_tied_parameters,
+        persistent_parameters=sum(
+            size for size in facts.parameter_sizes or () if size <= STAGE3_PERSISTENCE_THRESHOLD
+        ),
     )
 
 
