@@ -326,6 +326,7 @@ def main() -> None:
                 "plan": plan.describe(), "rank": rank, "predicted": memory, "trial": live,
                 "reference": reference, "low": low, "timeline": (measured or {}).get("timeline"),
                 "at_peak": (measured or {}).get("at_peak", {}),
+                "named": (measured or {}).get("named", []),
                 "gloo": reference is not None and _gloo_mode(plan, memory, reference, parameters),
             })  # fmt: skip
     instrument = (
@@ -337,7 +338,21 @@ def main() -> None:
           f"{args.profile_batch}; {args.nproc} ranks; reference: {instrument}")  # fmt: skip
     errors = _print_table(rows, args.categories)
     _print_summary(rows, errors)
+    _print_named(rows)
     print(f"{len(plans)} plans in {time.time() - started:.0f} s; command: {' '.join(sys.argv)}")
+
+
+def _print_named(rows: list[dict[str, Any]], beyond: float = 0.05) -> None:
+    """What was live at the peak of each rank row off by more than ``beyond``, by allocating op
+    (``_zero_rank.named_at_peak``): where a miss comes from."""
+    for row in rows:
+        if row["reference"] is None or not row["named"]:
+            continue
+        error = bounded_error(row["predicted"], row["low"], row["reference"])
+        if abs(error) > beyond:
+            parts = "; ".join(f"{mib:.2f} {name}" for mib, name in row["named"])
+            print(f"at the peak of {row['plan']} rank {row['rank']} ({100 * error:+.1f} %), "
+                  f"MiB by allocating op: {parts}")  # fmt: skip
 
 
 def _print_summary(rows: list[dict[str, Any]], errors: list[float]) -> None:

@@ -117,7 +117,9 @@ def fsdp2_engine_bytes(
     base = {"parameters": states.parameters, "optimizer_states": states.optimizer_states}
     root_grads = w * min(root, trainable)
     root_shard = SHARD_BYTES * min(root, trainable) / max(world_size, 1)
-    tied = 3 * w * tied_parameters - root_grads - root_shard  # over the reduce's own holdings
+    # over the reduce's own holdings: the root's sharded gradient comes after (but under
+    # accumulation the earlier micro-batches' is there)
+    tied = 3 * w * tied_parameters - root_grads - (root_shard if grad_accum == 1 else 0.0)
     moments: ZeroMoments = {
         "backward": {
             **base,
