@@ -80,6 +80,7 @@ def fsdp2_engine_bytes(
     offload: bool = False,
     checkpoint_blocks: int = 0,
     tied_parameters: float = 0.0,
+    largest_parameter: float = 0.0,
 ) -> ZeroMoments:
     """What FSDP2 holds per rank at each moment the step can peak (see the module docstring).
 
@@ -132,7 +133,8 @@ def fsdp2_engine_bytes(
             **base,
             "parameters": states.parameters + w * (root + live_blocks),
             "gradients": earlier,
-            "temporaries": 0.0,
+            # the first gradient (the largest parameter's, a head's), once the loss's are gone
+            "temporaries": w * largest_parameter,
         },
         "reduce": {
             **base,
@@ -176,6 +178,7 @@ def fsdp2_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
         offload=plan.offload_param != "none" and facts.device_type != "cpu",
         checkpoint_blocks=plan.checkpoint_blocks,
         tied_parameters=facts.largest_tied_parameters,
+        largest_parameter=facts.largest_layer_parameters,
     )
 
 

@@ -215,7 +215,7 @@ def predict_peak(
         per_act = _backward_share(facts, base, old, plan)
     totals, temps = {}, {}
     for name, sizes in new.items():
-        late = zero.late_temporaries(facts, plan) if name in ("backward", "recompute") else 0.0
+        late = _late(facts, plan, name)
         if name == moment and name in old:
             scale = plan.micro_batch / base.plan.micro_batch
             adam = (adam_step_temporaries(facts, base.plan), adam_step_temporaries(facts, plan))
@@ -312,6 +312,16 @@ def _rescaled(
     measured = max(live["temporaries"] - old["temporaries"], 0.0) * ratio
     temps = _after_loss(measured, late, moment) + new["temporaries"] - late
     return total + temps, temps
+
+
+def _late(facts: ModelFacts, plan: Plan, moment: str) -> float:
+    """Of the plan's own temporaries at ``moment``, those made at the backward's first gradient:
+    ZeRO-1/2's (:func:`zero.late_temporaries`), or FSDP2's first gradient at the start of
+    backward (by a recompute it is reduced and gone)."""
+    if plan.engine == "fsdp2":
+        engine = fsdp.fsdp2_moments(facts, plan)
+        return engine["backward"]["temporaries"] if engine and moment == "backward" else 0.0
+    return zero.late_temporaries(facts, plan) if moment in ("backward", "recompute") else 0.0
 
 
 def _after_loss(loss: float, late: float, moment: str) -> float:
