@@ -21,10 +21,10 @@ PAPER_K = 12
 # DeepSpeed's own default, written out so configs show what the engine will use.
 BUCKET_SIZE = 500_000_000
 BUCKET_ALIGNMENT = 2
+"""ZeRO-1/2 asserts allgather_bucket_size % 2 == 0 (4-byte NCCL alignment of 16-bit elements)."""
 STAGE3_PERSISTENCE_THRESHOLD = 100_000
 """``stage3_param_persistence_threshold`` the emitted configs write (DeepSpeed's default): a
 parameter of at most this many elements stays gathered on every rank once fetched."""
-"""ZeRO-1/2 asserts allgather_bucket_size % 2 == 0 (4-byte NCCL alignment of 16-bit elements)."""
 
 
 @dataclass(frozen=True)
@@ -469,7 +469,7 @@ def partition_elements(sizes: tuple[int, ...], world_size: int) -> int:
     """The most elements any rank's ZeRO-1/2 gradient partition holds: DeepSpeed sizes it as
     every parameter the rank's slice of the flat buffer touches, whole (s12:2186-2192), so a
     parameter cut by a slice's edge counts in both ranks (GPT-2 small on 2 ranks: the cut falls
-    in a block, 0.6M elements over the half, not the 38.6M of its largest, the embedding)."""
+    in a block, 0.5M elements over the half, not the 38.6M of its largest, the embedding)."""
     ends = list(itertools.accumulate(sizes))
     total = ends[-1] if ends else 0
     n = max(world_size, 1)
@@ -524,10 +524,10 @@ def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
 def late_temporaries(facts: ModelFacts, plan: Plan) -> float:
     """Of a ZeRO 1-2 engine's backward temporaries, the bytes made at its first gradient.
 
-    The buckets are allocated when the first parameter's gradient arrives, after the
-    loss's own backward buffers are freed, so the two never coexist; except under
-    stage 1 with accumulation, whose buckets stay from the first micro-batch to the
-    boundary (no reduction off the boundary, s12:2293).
+    The buckets are allocated when the first parameter's gradient arrives (which autograd
+    makes before the engine copies it in), after the loss's own backward buffers are freed,
+    so the two never coexist; except under stage 1 with accumulation, whose buckets stay
+    from the first micro-batch to the boundary (no reduction off the boundary, s12:2293).
     """
     engine = engine_moments(facts, plan)
     if engine is None or plan.zero_stage >= 3:
