@@ -127,6 +127,8 @@ def fsdp2_engine_bytes(
         - root_grads
         - (root_shard if grad_accum == 1 else 0.0)
         + w * block_parameters * (1 + 1 / max(world_size, 1))
+        if tied_parameters
+        else 0.0
     )
     moments: ZeroMoments = {
         "backward": {
