@@ -126,7 +126,7 @@ def test_a_rerun_reads_the_comparison_instead_of_measuring_again(tmp_path: Path)
 def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path) -> None:
     storage = str(tmp_path / "s.db")
     options = {"global_batch": 8, "settings": TrialSettings(model_file="m.py", timeout_s=5),
-               "blocks": 1, "trials": 2, "storage": storage, "repeats": 1}  # fmt: skip
+               "blocks": 1, "trials": 2, "storage": storage, "repeats": 1, "heartbeat_s": 1}  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=f"sqlite:///{storage}", study_name="autotune",
                                 direction="maximize")  # fmt: skip
