@@ -17,7 +17,7 @@ import os
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin
-from tiny_model import LR, Tokens, build_model
+from tiny_model import LR, Tokens, build_model, leave_group
 
 
 def main() -> None:
@@ -55,6 +55,7 @@ def main() -> None:
     # process per rank (num_processes 1), so every rank would say it is the main one.
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({"losses": losses, "finite": all(torch.isfinite(torch.tensor(losses)))}))
+    leave_group()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import json
 
 import deepspeed
 import torch
-from tiny_model import LR, Tokens, build_model, single_process_env
+from tiny_model import LR, Tokens, build_model, leave_group, single_process_env
 
 
 def main() -> None:
@@ -50,6 +50,7 @@ def main() -> None:
                 break
     if engine.global_rank == 0:
         print(json.dumps({"losses": losses, "finite": all(torch.isfinite(torch.tensor(losses)))}))
+    leave_group()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 
 import torch
-from tiny_model import Tokens, build_model
+from tiny_model import Tokens, build_model, leave_group
 from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
 
@@ -49,6 +49,7 @@ def main() -> None:
     if trainer.is_world_process_zero():
         print(json.dumps({"losses": losses.values, "deepspeed": trainer.is_deepspeed_enabled,
                           "finite": all(torch.isfinite(torch.tensor(losses.values)))}))  # fmt: skip
+    leave_group()
 
 
 if __name__ == "__main__":

@@ -63,3 +63,14 @@ def single_process_env() -> None:
         port = sock.getsockname()[1]
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+
+
+def leave_group() -> None:
+    """Leave the process group together before exiting: a gloo group that outlives its peer's
+    exit can abort the process in its destructor ("terminate called without an active
+    exception", SIGABRT) after the training itself has finished."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
