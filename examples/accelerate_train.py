@@ -14,7 +14,7 @@ import os
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin
-from deepspeed_train import checkpoint_blocks, single_process_env
+from deepspeed_train import checkpoint_blocks, leave_group, single_process_env
 from tiny_llama import build_batch, build_model
 
 from autotune import deepspeed_config, parse_plan
@@ -69,6 +69,7 @@ def main() -> None:
                 }
             )
         )
+    leave_group()
 
 
 if __name__ == "__main__":

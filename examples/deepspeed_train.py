@@ -36,6 +36,17 @@ def single_process_env() -> None:
     )
 
 
+def leave_group() -> None:
+    """Leave the process group together before exiting: a gloo group alive at interpreter exit
+    can abort the process in its destructor ("terminate called without an active exception",
+    SIGABRT) after the training itself has finished."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def checkpoint_blocks(model: torch.nn.Module, blocks: int) -> None:
     """The plan's activation checkpointing, as code_changes_for() prints it."""
     for block in model.get_submodule("model.layers")[:blocks]:
@@ -74,6 +85,7 @@ def main() -> None:
         losses.append(float(loss.detach()))
     if engine.global_rank == 0:
         print(json.dumps({"plan": plan.describe(), "losses": losses, "world_size": world}))
+    leave_group()
 
 
 if __name__ == "__main__":

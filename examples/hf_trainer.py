@@ -13,7 +13,7 @@ import os
 import tempfile
 
 import torch
-from deepspeed_train import checkpoint_blocks, single_process_env
+from deepspeed_train import checkpoint_blocks, leave_group, single_process_env
 from tiny_llama import SEQ_LEN, VOCAB, build_model
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -98,6 +98,7 @@ def main() -> None:
                 }
             )
         )
+    leave_group()
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ def main(configs_path: str, out_path: str) -> None:
         with open(out_path, "w", encoding="utf-8") as handle:
             json.dump(results, handle)
     dist.barrier()
+    dist.destroy_process_group()  # a gloo group alive at exit can abort the process (SIGABRT)
 
 
 if __name__ == "__main__":
