@@ -110,31 +110,30 @@ def named_at_peak(prof: Any, alive: dict[int, int], marker: str, top: int = 8) -
     """The blocks live at the marked step's peak (the high bound's replay), in MiB by what
     allocated them: the op chain over each allocation event, innermost first (``start``: alive
     when the step began). How the causes in bench/RESULTS.md were named."""
-    from _reference import _walk
-    from torch._C._profiler import _EventType
+    from _reference import step_allocations
 
-    tree = prof.profiler.kineto_results.experimental_event_tree()
-    mark = min(node.start_time_ns for node in _walk(tree) if node.name == marker)
-    events = sorted(
-        (node for node in _walk(tree) if node.typed[0] == _EventType.Allocation
-         and node.typed[1].device.type == "cpu" and node.start_time_ns >= mark),
-        key=lambda node: node.start_time_ns,
-    )  # fmt: skip
-    live = {ptr: (size, "start") for ptr, size in alive.items()}
+    events = step_allocations(prof, marker)
     total = peak = sum(alive.values())
-    snapshot = dict(live)
-    for node in events:
+    at_peak = -1  # the index of the event the peak follows (-1: the step's start)
+    live = dict(alive)
+    for index, node in enumerate(events):
         fields = node.typed[1]
-        total -= live.pop(fields.ptr, (0, ""))[0]
+        total -= live.pop(fields.ptr, 0)
+        if fields.alloc_size > 0:
+            live[fields.ptr] = fields.alloc_size
+            total += fields.alloc_size
+            if total > peak:
+                peak, at_peak = total, index
+    snapshot = {ptr: (size, "start") for ptr, size in alive.items()}
+    for node in events[: at_peak + 1]:  # again to the peak, naming each block by its ops
+        fields = node.typed[1]
+        snapshot.pop(fields.ptr, None)
         if fields.alloc_size > 0:
             chain, parent = [], node.parent
             while parent is not None and parent.name != marker and len(chain) < 4:
                 chain.append(parent.name)
                 parent = parent.parent
-            live[fields.ptr] = (fields.alloc_size, " < ".join(chain) or "?")
-            total += fields.alloc_size
-            if total > peak:
-                peak, snapshot = total, dict(live)
+            snapshot[fields.ptr] = (fields.alloc_size, " < ".join(chain) or "?")
     groups: dict[str, int] = {}
     for size, name in snapshot.values():
         groups[name] = groups.get(name, 0) + size

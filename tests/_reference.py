@@ -161,25 +161,7 @@ def allocator_bounds(
     Returns:
         (low, high): the true peak lies between them.
     """
-    from torch._C._profiler import _EventType
-
-    tree = prof.profiler.kineto_results.experimental_event_tree()
-    marks = [node.start_time_ns for node in _walk(tree) if node.name == marker]
-    if not marks:
-        raise ValueError(f"no record_function {marker!r} in the profile")
-    events = [
-        fields
-        for _, fields in sorted(
-            (
-                (node.start_time_ns, node.typed[1])
-                for node in _walk(tree)
-                if node.typed[0] == _EventType.Allocation
-                and node.typed[1].device.type == "cpu"
-                and node.start_time_ns >= marks[0]
-            ),
-            key=lambda pair: pair[0],
-        )
-    ]
+    events = [node.typed[1] for node in step_allocations(prof, marker)]
     # the blocks (start storages, then allocations by index) that end without a reported free
     owner: dict[int, Any] = {ptr: ("start", ptr) for ptr in alive}
     unseen: set[Any] = set()
@@ -206,6 +188,26 @@ def allocator_bounds(
                 peak = max(peak, total)
         bounds.append(peak)
     return bounds[0], bounds[1]
+
+
+def step_allocations(prof: Any, marker: str) -> list[Any]:
+    """The CPU allocation events (event-tree nodes; ``typed[1]`` holds the fields) from the
+    first ``record_function(marker)``'s start to the profile's end, in time order.
+
+    Raises:
+        ValueError: no such ``record_function`` in the profile.
+    """
+    from torch._C._profiler import _EventType
+
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    marks = [node.start_time_ns for node in _walk(tree) if node.name == marker]
+    if not marks:
+        raise ValueError(f"no record_function {marker!r} in the profile")
+    return sorted(
+        (node for node in _walk(tree) if node.typed[0] == _EventType.Allocation
+         and node.typed[1].device.type == "cpu" and node.start_time_ns >= min(marks)),
+        key=lambda node: node.start_time_ns,
+    )  # fmt: skip
 
 
 def _walk(nodes: Any) -> Iterator[Any]:
