@@ -287,6 +287,8 @@ def _arguments() -> argparse.Namespace:
             json.loads(args.references.read_text())
         except (OSError, ValueError) as error:
             parser.error(f"--references {args.references}: not a references file ({error})")
+    elif args.references is not None and not args.references.parent.is_dir():
+        parser.error(f"--references {args.references}: no folder {args.references.parent}")
     return args
 
 
