@@ -93,6 +93,14 @@ def moments(facts: ModelFacts, plan: Plan) -> tuple[Moments, zero.StateBytes, So
                            ("reduce", "reduce"), ("optimizer", "optimizer")):  # fmt: skip
             if name in result:
                 result[name].update(engine.get(name) or engine[held])
+        if "block_reduce" in engine and fig.blocks:
+            # the last block's own saved activations are gone (its input only, checkpointed)
+            last = fig.block_input(b) if k >= layers else fig.block(b)
+            result["block_reduce"] = {
+                **result["backward"],
+                **engine["block_reduce"],
+                "activations": max(result["backward"]["activations"] - last, 0.0),
+            }
     result["optimizer"]["temporaries"] += adam_step_temporaries(facts, plan)
     return result, states, spec.source
 
@@ -317,17 +325,20 @@ def _rescaled(
 def _late(facts: ModelFacts, plan: Plan, moment: str) -> float:
     """Of the plan's own temporaries at ``moment``, those made at the backward's first gradient:
     ZeRO-1/2's (:func:`zero.late_temporaries`), or FSDP2's first gradient at the start of
-    backward (by a recompute it is reduced and gone)."""
+    backward (by a recompute it is reduced and gone) and all of its ``block_reduce`` moment's."""
     if plan.engine == "fsdp2":
         engine = fsdp.fsdp2_moments(facts, plan)
-        return engine["backward"]["temporaries"] if engine and moment == "backward" else 0.0
+        if engine is None or moment not in ("backward", "block_reduce") or moment not in engine:
+            return 0.0
+        return engine[moment]["temporaries"]
     return zero.late_temporaries(facts, plan) if moment in ("backward", "recompute") else 0.0
 
 
 def _after_loss(loss: float, late: float, moment: str) -> float:
     """Backward's temporaries: the loss's gradient buffers, or what a ZeRO-1/2 engine makes at
     the first gradient (``late``: its buckets, that gradient), which comes after the loss's
-    backward has freed its buffers and, at the start of backward, the saved activations only
-    the loss used (one logits-sized tensor, half the loss's two buffers: GPT-2 small's ZeRO-1/2
-    trials at micro-batch 4 were 6-8 % over their estimate without it)."""
-    return max(loss, late - loss / 2 if moment == "backward" else late)
+    backward has freed its buffers and, at the start of backward (and at FSDP2's
+    ``block_reduce``), the saved activations only the loss used (one logits-sized tensor, half
+    the loss's two buffers: GPT-2 small's ZeRO-1/2 trials at micro-batch 4 were 6-8 % over their
+    estimate without it)."""
+    return max(loss, late - loss / 2 if moment in ("backward", "block_reduce") else late)
