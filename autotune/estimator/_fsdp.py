@@ -108,8 +108,9 @@ def fsdp2_engine_bytes(
     input and output in ``reduce_dtype`` (fp32) stay held until the next reduce, with gloo's
     clone of the input (``gloo``: a CPU device; NCCL makes none), beside the head's unsharded
     gradient. The last block is resharded; with ``reshard_after_forward`` the next block is
-    gathered, its all-gather buffer still held while it is copied out (two of its size). Named in a replay of
-    GPT-2 small's peak on 4 ranks (fp32 stage 3, micro-batch 1): -4.8 % without it.
+    gathered, its all-gather buffer still held while it is copied out (two of its size).
+    Named in a replay of GPT-2 small's peak on 4 ranks (fp32 stage 3, micro-batch 1): -4.8 %
+    without it.
     ``optimizer``: the sharded states alone.
     """
     states = fsdp2_state_bytes(
