@@ -31,18 +31,13 @@ PLANS = [
 ]
 
 
-# GPT-2 (transformers' own class) at 3 blocks of 384 and its 50k vocabulary: an embedding, tied to
-# the head, of four fifths of the parameters. ZeRO-2 and FSDP2 peak at the end of backward with the
-# tied weight's three gradients (the head's, the embedding's, their sum: -18.8 % and -10.8 % without
-# them); ZeRO-3 at its reduction, with the embedding still gathered and gloo's copy of the flattened
-# bucket (-11.2 % without them).
-GPT2_WIDE_VOCAB = """
+GPT2_SOURCE = """
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-SEQ_LEN = 256
-CONFIG = GPT2Config(n_positions=SEQ_LEN, n_embd=384, n_layer=3, n_head=6, vocab_size=50257,
-                    use_cache=False)
+SEQ_LEN = {seq}
+CONFIG = GPT2Config(n_positions=SEQ_LEN, n_embd=384, n_layer={blocks}, n_head=6,
+                    vocab_size={vocab}, use_cache=False)
 
 
 def build_model():
@@ -51,31 +46,22 @@ def build_model():
 
 def build_batch(batch_size):
     ids = torch.randint(0, CONFIG.vocab_size, (batch_size, SEQ_LEN))
-    return {"input_ids": ids, "labels": ids}
+    return {{"input_ids": ids, "labels": ids}}
 """
+"""A model file of transformers' own GPT-2 class, blocks of 384, the head tied to the embedding."""
 
+# 3 blocks and GPT-2's 50k vocabulary: an embedding, tied to the head, of four fifths of the
+# parameters. ZeRO-2 and FSDP2 peak at the end of backward with the tied weight's three gradients
+# (the head's, the embedding's, their sum: -18.8 % and -10.8 % without them); ZeRO-3 at its
+# reduction, with the embedding still gathered and gloo's copy of the flattened bucket (-11.2 %
+# without them).
+GPT2_WIDE_VOCAB = GPT2_SOURCE.format(seq=256, blocks=3, vocab=50257)
 
-# GPT-2 at 4 blocks of 384, a 2k vocabulary and 64 tokens: blocks large beside their activations. FSDP2
-# stage 3 peaks after the last block's backward, its reduce-scatter buffers (and gloo's copy of the
-# input) held while the next block is gathered and copied out (-11.9 % and, checkpointed, -5.8 %
-# without that moment).
-GPT2_DEEP_BLOCKS = """
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
-
-SEQ_LEN = 64
-CONFIG = GPT2Config(n_positions=SEQ_LEN, n_embd=384, n_layer=4, n_head=6, vocab_size=2048,
-                    use_cache=False)
-
-
-def build_model():
-    return GPT2LMHeadModel(CONFIG)
-
-
-def build_batch(batch_size):
-    ids = torch.randint(0, CONFIG.vocab_size, (batch_size, SEQ_LEN))
-    return {"input_ids": ids, "labels": ids}
-"""
+# 4 blocks, a 2k vocabulary and 64 tokens: blocks large beside their activations. FSDP2 stage 3
+# peaks after the last block's backward, its reduce-scatter buffers (and gloo's copy of the input)
+# held while the next block is gathered and copied out (-11.9 % and, checkpointed, -5.8 % without
+# that moment).
+GPT2_DEEP_BLOCKS = GPT2_SOURCE.format(seq=64, blocks=4, vocab=2048)
 
 
 @pytest.mark.slow
