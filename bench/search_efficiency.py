@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.api import load_profile, make_predict
+from autotune.compose import compose, short_profiles
 from autotune.records import Machine, TuneOptions
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import SubprocessRunner, TrialSettings, tune
@@ -74,10 +74,10 @@ def main() -> None:
     parser.add_argument("--device-memory", type=int, default=None)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
-    profile = load_profile(model, None, args.global_batch, args.device)
+    profile, _ = short_profiles(model, args.global_batch, args.device)
     blocks = profile.model.block_stack.count if profile.model.block_stack else 0
     machine = Machine(device="cpu", device_memory=args.device_memory)
-    predict = make_predict(profile, machine)
+    predict = compose(profile, machine=machine).prediction
     # The grid runs without the budget, so an over-budget plan is measured to the end.
     free = TrialSettings(model_file=model, steps=2, warmup=1, device=args.device, timeout_s=300)
     settings = free.model_copy(update={"device_memory": args.device_memory})

@@ -68,18 +68,14 @@ def main() -> None:
 
 def _repredict(record: Any) -> dict[int, int]:
     """Each trial's per-rank peak as the current estimate predicts it, from a fresh profile."""
-    from autotune.api import load_profile, make_predict
-    from autotune.records import AUTOCAST_PLAN_PRECISION, Machine, Plan
-    from autotune.runtime.trace import traced_activations
+    from autotune.compose import compose, short_profiles
+    from autotune.records import Machine, Plan
 
     plans = {trial.number: Plan.model_validate(trial.plan) for trial in record.trials}
     machine = Machine(device="cpu", device_memory=record.device_memory, margin=record.margin,
                       gpus_per_node=record.nproc, nodes=record.nodes)  # fmt: skip
-    profile = load_profile(record.model_file, None, record.global_batch // machine.world_size,
-                           "cpu")  # fmt: skip
-    measured = AUTOCAST_PLAN_PRECISION[profile.config.precision]
-    wanted = tuple(sorted({plan.precision for plan in plans.values()} - {measured}))
-    predict = make_predict(profile, machine, None, traced_activations(record.model_file, wanted))
+    profile, _ = short_profiles(record.model_file, record.global_batch // machine.world_size, "cpu")
+    predict = compose(profile, machine=machine).prediction
     return {number: predict(plan).peak_bytes or 0 for number, plan in plans.items()}
 
 

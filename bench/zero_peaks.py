@@ -272,6 +272,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--plans-per-job", type=int, default=1)
     parser.add_argument("--no-trial", action="store_true", help="no trial tracker column")
+    parser.add_argument("--road", choices=("profile", "model-file"), default="profile",
+                        help="predict from a profile's composition (default) or from the model "
+                        "file's trace alone, as `autotune estimate MODEL` does")  # fmt: skip
     parser.add_argument("--categories", action="store_true",
                         help="torch's categorised timeline beside the reference (CPU; its event "
                         "record with shapes and stacks needs far more memory)")  # fmt: skip
@@ -294,23 +297,29 @@ def _arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = _arguments()
-    from autotune.estimator import estimate_plan, facts_from_profile, with_activations
-    from autotune.records import AUTOCAST_PLAN_PRECISION, parse_plan
-    from autotune.runtime.profiler import profile
-    from autotune.runtime.trace import traced_activations
+    from autotune import compose
+    from autotune.records import Machine, parse_plan
 
     started = time.time()
     model = str(Path(args.model).resolve())
-    record = profile(model, batch_size=args.profile_batch, steps=2, warmup=1, device=args.device)
+    # As every road predicts: the composition of a profile (the precisions it did not run
+    # traced beside it), or with --road model-file of a trace alone (nothing run).
+    record = compose.profile_model(model, batch_size=args.profile_batch, steps=2, warmup=1,
+                                   device=args.device)  # fmt: skip
     stack = record.model.block_stack
     blocks = stack.count if stack else 1
     texts = [*args.plans, *(grid_plans(args.grid, blocks) if args.grid else [])]
     plans = [parse_plan(f"{text},gpus={args.nproc}") for text in texts]
-    # As tune predicts: precisions the profile did not run (16-bit weights) traced, not halved.
-    measured = AUTOCAST_PLAN_PRECISION[record.config.precision]
-    wanted = tuple(sorted({plan.precision for plan in plans} - {measured}))
-    facts = with_activations(facts_from_profile(record), traced_activations(model, wanted))
-    predicted = [estimate_plan(facts, plan).memory.peak for plan in plans]
+    machine = Machine(device=args.device, gpus_per_node=args.nproc)
+    composition = (
+        compose.compose(record, machine=machine)
+        if args.road == "profile"
+        else compose.compose_facts(
+            compose.model_file_facts(model, compose.TRACED_PRECISIONS, args.device),
+            machine=machine,
+        )
+    )
+    predicted = [composition.estimate(plan).memory.peak for plan in plans]
     with tempfile.TemporaryDirectory(prefix="zero-peaks-") as directory:
         work = Path(directory)
         none: list[int | None] = [None] * args.nproc
@@ -336,8 +345,10 @@ def main() -> None:
         if args.device == "cuda"
         else ("bytes alive at the step's start + c10's allocation events replayed")
     )
-    print(f"model {Path(args.model).name}: {parameters:,} parameters; profile at micro-batch "
-          f"{args.profile_batch}; {args.nproc} ranks; reference: {instrument}")  # fmt: skip
+    road = f"profile at micro-batch {args.profile_batch}" if args.road == "profile" else (
+        "the model file's trace (nothing run)")  # fmt: skip
+    print(f"model {Path(args.model).name}: {parameters:,} parameters; predicted from {road}; "
+          f"{args.nproc} ranks; reference: {instrument}")  # fmt: skip
     errors = _print_table(rows, args.categories)
     _print_summary(rows, errors)
     _print_named(rows)

@@ -22,7 +22,7 @@ GiB = 2**30
 
 
 class FakePool(FakeRunner):
-    """Stands in for the composer's pooled runner (patch ``autotune.api.PoolRunner``): every
+    """Stands in for the composer's pooled runner (patch ``autotune.api._tune.PoolRunner``): every
     trial 'runs' at once, fits in 1 GiB, and is faster at smaller micro-batches."""
 
     def __init__(self, **_: Any) -> None:

@@ -1,11 +1,15 @@
-"""The composer's estimate-as-a-function, as ``autotune tune`` prunes with it."""
+"""The composition's prediction, as ``autotune tune`` prunes with it."""
 
 from __future__ import annotations
 
 from _profiles import hand_profile
 
-from autotune.api import make_predict
+from autotune.compose import compose
 from autotune.records import Machine, Plan
+
+
+def make_predict(profile, machine):  # noqa: ANN001, ANN201 - the tune road's prediction
+    return compose(profile, machine=machine).prediction
 
 
 def test_the_margin_decides_what_tune_prunes() -> None:

@@ -29,13 +29,13 @@ MARGIN = typer.Option(
     "and the search's pruning.",
 )
 NPROC_PER_NODE = typer.Option(
-    1,
+    Machine.gpus_per_node,
     "--nproc-per-node",
     "--nproc",
     min=1,
     help="Devices (ranks) on each node, as torchrun counts them.",
 )
-NNODES = typer.Option(1, "--nnodes", min=1, help="Nodes, as torchrun counts them.")
+NNODES = typer.Option(Machine.nodes, "--nnodes", min=1, help="Nodes, as torchrun counts them.")
 INTER_GBPS = typer.Option(
     None,
     "--inter-gbps",
@@ -80,13 +80,13 @@ def machine(
     device: str | None = None,
     device_memory: str | None = None,
     margin: float = DEFAULT_MARGIN,
-    nproc_per_node: int = 1,
-    nnodes: int = 1,
+    nproc_per_node: int = Machine.gpus_per_node,
+    nnodes: int = Machine.nodes,
     inter_gbps: float | None = None,
     intra_gbps: float | None = None,
 ) -> Machine:
     """The :class:`Machine` the shared options describe (the budget parsed, unit required)."""
     budget = parse_bytes(device_memory, "--device-memory") if device_memory else None
-    return Machine(device=device or "auto", device_memory=budget, margin=margin,
+    return Machine(device=device or Machine.device, device_memory=budget, margin=margin,
                    gpus_per_node=nproc_per_node, nodes=nnodes, inter_gbps=inter_gbps,
                    intra_gbps=intra_gbps)  # fmt: skip

@@ -14,6 +14,7 @@ from autotune.cli._common import (
     print_json,
     user_errors,
 )
+from autotune.records import ConfirmOptions
 
 
 def register(app: typer.Typer) -> None:
@@ -27,26 +28,42 @@ def confirm_command(
         ..., "--batch-size", "-b", min=1, help="Micro-batch of the baseline."
     ),
     profile: Path | None = typer.Option(
-        None, "--profile", help="Reuse a saved baseline profile instead of profiling now."
+        ConfirmOptions.profile_path,
+        "--profile",
+        help="Reuse a saved baseline profile instead of profiling now.",
     ),
     device: str | None = _options.DEVICE,
-    steps: int = typer.Option(3, "--steps", min=1, help="Timed steps per arm in each repeat."),
-    repeats: int = typer.Option(
-        5, "--repeats", min=1, help="Interleaved A/B repeats (the interval's sample)."
+    steps: int = typer.Option(
+        ConfirmOptions.steps, "--steps", min=1, help="Timed steps per arm in each repeat."
     ),
-    warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed steps per arm first."),
+    repeats: int = typer.Option(
+        ConfirmOptions.repeats,
+        "--repeats",
+        min=1,
+        help="Interleaved A/B repeats (the interval's sample).",
+    ),
+    warmup: int = typer.Option(
+        ConfirmOptions.warmup, "--warmup", min=0, help="Untimed steps per arm first."
+    ),
     loss_tolerance: float = typer.Option(
-        0.05, "--loss-tolerance", help="Largest relative change of the mean loss accepted."
+        ConfirmOptions.loss_tolerance,
+        "--loss-tolerance",
+        help="Largest relative change of the mean loss accepted.",
     ),
     max_changes: int = typer.Option(
-        8, "--max-changes", min=1, help="Most changes tried in one session."
+        ConfirmOptions.max_changes,
+        "--max-changes",
+        min=1,
+        help="Most changes tried in one session.",
     ),
     device_memory: str | None = _options.DEVICE_MEMORY,
     margin: float = _options.MARGIN,
     global_batch: int | None = typer.Option(
-        None, "--global-batch", min=1, help="Target samples per step."
+        ConfirmOptions.global_batch, "--global-batch", min=1, help="Target samples per step."
     ),
-    policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file."),
+    policy: Path | None = typer.Option(
+        ConfirmOptions.policy_path, "--policy", help="A policy TOML file."
+    ),
     output: Path = typer.Option(
         Path("autotune-confirm.json"), "--output", "-o", help="Where the session log is written."
     ),
@@ -59,30 +76,35 @@ def confirm_command(
     """Profile a baseline, then keep each proposed change only if measured faster (or needed to fit)."""
     with user_errors():
         from autotune.api import confirm
-        from autotune.records import (
-            AutotuneError,
-            ProfileRecord,
-            read_record,
-            write_record,
-        )
+        from autotune.records import ProfileRecord, read_record, write_record
 
-        if not 0 < loss_tolerance < 1:
-            raise AutotuneError(f"--loss-tolerance: must be between 0 and 1 (got {loss_tolerance})")
-        check_output(output, "--output")
-        record = confirm(
-            model,
+        options = ConfirmOptions(
             batch_size=batch_size,
-            profile=read_record(profile, ProfileRecord, "profile") if profile else None,
-            device=device,
             steps=steps,
             repeats=repeats,
             warmup=warmup,
             loss_tolerance=loss_tolerance,
             max_changes=max_changes,
+            global_batch=global_batch,
+            profile_path=str(profile) if profile else None,
+            policy_path=str(policy) if policy else None,
+        )
+        check_output(output, "--output")
+        saved = options.profile_path
+        record = confirm(
+            model,
+            batch_size=options.batch_size,
+            profile=read_record(saved, ProfileRecord, "profile") if saved else None,
+            device=device,
+            steps=options.steps,
+            repeats=options.repeats,
+            warmup=options.warmup,
+            loss_tolerance=options.loss_tolerance,
+            max_changes=options.max_changes,
             progress=lambda line: err_console.print(line, markup=False, soft_wrap=True),
             machine=_options.machine(device=device, device_memory=device_memory, margin=margin),
-            global_batch=global_batch,
-            policy_path=policy,
+            global_batch=options.global_batch,
+            policy_path=options.policy_path,
             hf_config=hf_config,
             hf_model=hf_model,
             seq_len=seq_len,

@@ -24,8 +24,9 @@ from autotune.records import AutotuneError, format_count, format_given_bytes, pa
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from autotune.compose import Composition
     from autotune.estimator import ClaimCheck, EstimateRecord, ModelFacts, PlanEstimate
-    from autotune.records import Plan, ProfileRecord
+    from autotune.records import Machine, Plan, ProfileRecord
 
 
 def estimate_command(
@@ -87,6 +88,12 @@ def estimate_command(
         help='A table row to check, e.g. "stage=3,world_size=8,memory=3GB" or '
         '"ckpt=all,tokens_per_s=2150,tflops=185.2,device=A100" (repeatable).',
     ),
+    device: str | None = typer.Option(
+        None,
+        "--device",
+        help="Where the plans run: auto (this machine's GPU, else its CPU), cpu, cuda; "
+        "default: the profiled device with --profile, else auto.",
+    ),
     as_json: bool = _options.JSON,
     world_size: int | None = _options.RENAMED_WORLD_SIZE,
     gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
@@ -106,14 +113,17 @@ def estimate_command(
                                 precision=precision)  # fmt: skip
         machine = _options.machine(device_memory=device_memory, margin=margin,
                                    nproc_per_node=nproc_per_node, nnodes=nnodes,
-                                   inter_gbps=inter_gbps, intra_gbps=intra_gbps)  # fmt: skip
+                                   inter_gbps=inter_gbps, intra_gbps=intra_gbps,
+                                   device=device or "auto")  # fmt: skip
         checks = [read_check(text) for text in check]
         profile = profiles[0] if profiles else None
         base, ckpt_all = _base_plan(batch_size, autocast, checkpointing, profile)
         base = base.with_changes(gpus_per_node=machine.gpus_per_node, nodes=machine.nodes)
-        facts = _facts(
-            model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans), task
-        )
+        composition = _composition(
+            model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans), task,
+            machine, device or "auto",
+        )  # fmt: skip
+        facts, machine = composition.facts, composition.machine
         if ckpt_all:
             base = base.with_changes(checkpoint_blocks=facts.num_layers)
         from autotune.estimator import estimate
@@ -190,88 +200,55 @@ def _needed_precisions(base: Plan, plans: list[str], all_plans: bool) -> tuple[s
     return tuple(sorted(needed))
 
 
-def _facts(
+def _composition(
     model: Path | None,
     hf_config: Path | None,
     profiles: list[Path],
     seq_len: int | None,
     precisions: tuple[str, ...],
-    task: str | None = None,
-) -> ModelFacts:
-    """Measured figures from --profile, traced ones for precisions it lacks (MODEL / --hf-config)."""
+    task: str | None,
+    machine: Machine,
+    device: str,
+) -> Composition:
+    """The composer's facts and budget: measured from --profile (with the precisions it lacks
+    traced from MODEL, or from the file it ran where unchanged), else traced from MODEL /
+    --hf-config; without --device-memory, the default device's (the profiled GPU's or this
+    machine's: a GPU's memory, else the available RAM)."""
+    from autotune import compose
+
     if model is not None and hf_config is not None:
         raise AutotuneError("MODEL and --hf-config: give one of them")
     if seq_len is not None and hf_config is None:
         raise AutotuneError("--seq-len: only with --hf-config (a model file makes its own batches)")
-    traced = None
+    if hf_config is not None and seq_len is None:
+        raise AutotuneError("--hf-config needs --seq-len (tokens per sample)")
+    if profiles:
+        first, *more = [_read_profile(path) for path in profiles]
+        with err_console.status("tracing the precisions the profile lacks on fake tensors ..."):
+            first = compose.completed(first, model)
+        try:
+            return compose.compose(first, machine=machine, more_profiles=more)
+        except ValueError as exc:
+            raise AutotuneError(f"--profile: {exc} (than {profiles[0]})") from None
     if hf_config is not None:
-        if seq_len is None:
-            raise AutotuneError("--hf-config needs --seq-len (tokens per sample)")
-        from autotune.runtime.trace_cache import entry, facts_from_hf_config_cached
+        from autotune.runtime.trace_cache import entry
 
+        assert seq_len is not None
         cached = entry(hf_config, seq_len, precisions, task)
         with (
             err_console.status(f"tracing {hf_config} on fake tensors ...")
             if cached is None or not cached.is_file()
             else contextlib.nullcontext()
         ):
-            traced, hit = facts_from_hf_config_cached(hf_config, seq_len, precisions, task)
+            traced, hit = compose.hf_config_facts(hf_config, seq_len, precisions, task, device)
         if hit:
             typer.echo(f"traced facts of {hf_config} from {cached}", err=True)
-    if not profiles:
-        if model is None and traced is None:
-            raise AutotuneError("MODEL: give a model file, --hf-config or --profile")
-        if traced is not None:
-            return traced
-        from autotune.runtime.trace import facts_from_model_file
-
-        with err_console.status(f"tracing {model} on fake tensors ..."):
-            return facts_from_model_file(model, precisions=precisions)  # type: ignore[arg-type]
-    measured = _measured_facts(profiles)
-    missing = tuple(p for p in precisions if p not in measured.activations)
-    if missing and model is None and traced is None:
-        model = _profiled_model(profiles[0])
-    if missing and model is not None and traced is None:
-        from autotune.runtime.trace import facts_from_model_file
-
-        with err_console.status(f"tracing {model} on fake tensors for {', '.join(missing)} ..."):
-            traced = facts_from_model_file(model, precisions=missing)
-    if traced is None:
-        return measured
-    extra = {k: v for k, v in traced.activations.items() if k not in measured.activations}
-    return measured.model_copy(
-        update={
-            "activations": {**measured.activations, **extra},
-            "block_parameters": traced.block_parameters,
-        }
-    )
-
-
-def _profiled_model(profile: Path) -> Path | None:
-    """The model file a profile ran, where it is still there and unchanged (its sha256): traced
-    for the precisions the profile lacks, as ``tune`` does, rather than derived by formula."""
-    import hashlib
-
-    provenance = _read_profile(profile).provenance
-    path = Path(provenance.model_file)
-    try:
-        same = hashlib.sha256(path.read_bytes()).hexdigest() == provenance.model_sha256
-    except OSError:
-        return None
-    return path if same else None
-
-
-def _measured_facts(profiles: list[Path]) -> ModelFacts:
-    """The first profile's figures, its step time refined by the others."""
-    from autotune.estimator import facts_from_profile, fit_step_time
-
-    facts = facts_from_profile(_read_profile(profiles[0]))
-    for path in profiles[1:]:
-        try:
-            facts = fit_step_time(facts, _read_profile(path))
-        except ValueError as exc:
-            raise AutotuneError(f"--profile {path}: {exc} (than {profiles[0]})") from None
-    return facts
+        return compose.compose_facts(traced, machine=compose.default_budget(machine, device))
+    if model is None:
+        raise AutotuneError("MODEL: give a model file, --hf-config or --profile")
+    with err_console.status(f"tracing {model} on fake tensors ..."):
+        facts = compose.model_file_facts(model, precisions, device)
+    return compose.compose_facts(facts, machine=compose.default_budget(machine, device))
 
 
 def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> list[Plan]:
@@ -341,10 +318,17 @@ def ranked(record: EstimateRecord) -> list[PlanEstimate]:
 
 
 def _best(rows: list[PlanEstimate], reference: Plan) -> PlanEstimate | None:
+    """The fastest plan predicted to fit; none where fit was not judged (no budget known)."""
     first = rows[0] if rows else None
-    if first is None or first.fits is False or relative_throughput(first, reference) is None:
+    if first is None or first.fits is not True or relative_throughput(first, reference) is None:
         return None
     return first
+
+
+_BUDGET_SOURCES = {
+    "device": " (the GPU's)",
+    "available_ram": " (this machine's available memory)",
+}
 
 
 def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None = None) -> Table:
@@ -360,6 +344,7 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
     unit, scale = _unit(record)
     budget = (
         format_given_bytes(record.device_memory_bytes)
+        + _BUDGET_SOURCES.get(record.budget_source or "", "")
         if record.device_memory_bytes
         else "no budget"
     )
@@ -411,15 +396,20 @@ def _ranking_lines(record: EstimateRecord, ranked_rows: bool, top: int | None) -
     if ranked_rows:
         rows = ranked(record)
         best = _best(rows, reference)
-        among = "the plans that fit" if record.device_memory_bytes else "all plans (no budget)"
-        lines.append(
-            f"order: {among} by predicted speed, then the plans that do not fit; "
-            + (
-                f"* best: {best.plan.describe()}"
-                if best
-                else "no best: no plan that fits has a predicted speed (see the notes)"
+        if not record.device_memory_bytes:
+            lines.append(
+                "order: all plans by predicted speed; fit not judged (no budget: give "
+                "--device-memory), so no plan is marked best"
             )
-        )
+        else:
+            lines.append(
+                "order: the plans that fit by predicted speed, then the plans that do not fit; "
+                + (
+                    f"* best: {best.plan.describe()}"
+                    if best
+                    else "no best: no plan that fits has a predicted speed (see the notes)"
+                )
+            )
     if top is not None and top < len(record.plans):
         lines.append(f"showing the first {top} of {len(record.plans)} plans (--top)")
     return lines

@@ -19,7 +19,7 @@ from autotune.cli._common import (
     print_table,
     user_errors,
 )
-from autotune.records import format_bytes, format_count, format_flops
+from autotune.records import ProfileOptions, format_bytes, format_count, format_flops
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -30,13 +30,11 @@ if TYPE_CHECKING:
 def profile_command(
     model: Path | None = _source.MODEL,
     batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="Samples per step."),
-    steps: int = typer.Option(20, "--steps", min=1, help="Timed steps (medians reported)."),
-    warmup: int = typer.Option(3, "--warmup", min=0, help="Steps run first and dropped."),
+    steps: int = typer.Option(ProfileOptions.steps, "--steps", min=1, help="Timed steps (medians reported)."),
+    warmup: int = typer.Option(ProfileOptions.warmup, "--warmup", min=0, help="Steps run first and dropped."),
     device: str | None = _options.DEVICE,
     autocast: AutocastChoice | None = _options.AUTOCAST,
-    checkpointing: Switch = typer.Option(
-        Switch.off, "--checkpointing", help="Checkpoint every block of the block stack."
-    ),
+    checkpointing: Switch = typer.Option(Switch.on if ProfileOptions.checkpointing else Switch.off, "--checkpointing", help="Checkpoint every block of the block stack."),
     out: Path = typer.Option(
         Path("autotune-profile.json"), "--out", "-o", help="Where the JSON record is written."
     ),
@@ -50,18 +48,21 @@ def profile_command(
     arg_map: list[str] = typer.Option([], "--arg-map", help="With -- COMMAND: KEY=--flag, the script flag that takes a DeepSpeed config key's value, e.g. train_micro_batch_size_per_gpu=--batch-size."),
 ) -> None:  # fmt: skip
     """Run real training steps of MODEL and measure memory, time, FLOPs and the device."""
-    device = device or "auto"
-    autocast = autocast or AutocastChoice.off
     with user_errors():
         _options.refuse_renamed(precision=precision)
+        options = ProfileOptions(batch_size=batch_size, steps=steps, warmup=warmup,
+                                 device=device or ProfileOptions.device,
+                                 autocast=autocast.value if autocast else ProfileOptions.autocast,
+                                 checkpointing=checkpointing is Switch.on)  # fmt: skip
     if launch and model:  # after --, the first token lands in MODEL's place: it is the command's
         with user_errors():
             check_output(out, "--out")
-            from autotune.api_scripts import profile_script
+            from autotune.api import profile_script
             from autotune.records import write_record
 
-            record = profile_script([str(model), *launch], batch_size=batch_size, steps=steps,
-                                    warmup=warmup, device=device, arg_map=arg_map)  # fmt: skip
+            record = profile_script([str(model), *launch], batch_size=options.batch_size,
+                                    steps=options.steps, warmup=options.warmup,
+                                    device=options.device, arg_map=arg_map)  # fmt: skip
             write_record(out, record)
             if as_json:
                 print_json(record)
@@ -71,27 +72,28 @@ def profile_command(
         return
     with user_errors(), _source.model_source(model, hf_config, hf_model, seq_len, task) as source:
         check_output(out, "--out")
-        from autotune.runtime.profiler import profile
+        from autotune.compose import profile_model
 
         # Rebuilt from the parsed options (all of them, defaults included), so two
         # records say exactly how they differ however the command was typed.
         command = shlex.join(
             ["autotune", "profile", *_source.source_args(model, hf_config, hf_model, seq_len, task)]
-            + ["--batch-size", str(batch_size)]
-            + ["--steps", str(steps), "--warmup", str(warmup), "--device", device]
-            + ["--autocast", autocast.value, "--checkpointing", checkpointing.value]
+            + ["--batch-size", str(options.batch_size)]
+            + ["--steps", str(options.steps), "--warmup", str(options.warmup)]
+            + ["--device", options.device, "--autocast", options.autocast]
+            + ["--checkpointing", "on" if options.checkpointing else "off"]
             + ["--out", str(out)]
             + (["--json"] if as_json else [])
         )
         with _progress() as progress:
-            record = profile(
+            record = profile_model(
                 source.path,
-                batch_size=batch_size,
-                steps=steps,
-                warmup=warmup,
-                device=device,
-                precision=autocast.precision,
-                checkpointing=checkpointing is Switch.on,
+                batch_size=options.batch_size,
+                steps=options.steps,
+                warmup=options.warmup,
+                device=options.device,
+                precision=AutocastChoice(options.autocast).precision,
+                checkpointing=options.checkpointing,
                 progress=progress,
                 command=command,
                 label=source.label,

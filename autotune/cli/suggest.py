@@ -46,7 +46,10 @@ def suggest_command(
     world_size: int | None = _options.RENAMED_WORLD_SIZE,
     gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
 ) -> None:
-    """Propose the next change, then the rest of the ordered plan, from a saved profile."""
+    """Propose the next change, then the rest of the ordered plan, from a saved profile.
+
+    Exits 1 (after printing) when the final plan cannot keep --global-batch, 2 on bad input.
+    """
     with user_errors():
         from autotune.policy import suggest
         from autotune.records import AutotuneError, ProfileRecord, read_record
@@ -70,6 +73,8 @@ def suggest_command(
             print_json(record)
         else:
             render(record)
+        if not record.global_batch_kept:
+            raise typer.Exit(1)  # the plan changes --global-batch: a note says why
 
 
 def render(record: object) -> None:

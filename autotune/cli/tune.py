@@ -18,13 +18,9 @@ from autotune.cli._common import (
     print_table,
     user_errors,
 )
-from autotune.records import (
-    HEARTBEAT_S,
-    JOIN_TIMEOUT_S,
-    TRIAL_TIMEOUT_S,
-    Machine,
-    format_bytes,
-)
+from autotune.records import Machine, TuneOptions, format_bytes
+
+_BUDGET_MINUTES = None if TuneOptions.budget_s is None else TuneOptions.budget_s / 60
 
 
 def register(app: typer.Typer) -> None:
@@ -37,29 +33,29 @@ def tune_command(
     global_batch: int = typer.Option(..., "--global-batch", min=1, help="Samples per optimizer step, kept by every plan."),
     nproc_per_node: int = _options.NPROC_PER_NODE,
     nnodes: int = _options.NNODES,
-    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes > 1): a free port on one of the nodes."),
-    join_timeout: float = typer.Option(JOIN_TIMEOUT_S, "--join-timeout-s", "--join-timeout", callback=above(0), help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
+    rdzv_endpoint: str | None = typer.Option(TuneOptions.rdzv_endpoint, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes > 1): a free port on one of the nodes."),
+    join_timeout: float = typer.Option(TuneOptions.join_timeout_s, "--join-timeout-s", "--join-timeout", callback=above(0), help="Seconds the nodes of a trial wait for each other; a node that never joins makes the trial a timeout."),
     inter_gbps: float | None = _options.INTER_GBPS,
-    trials: int = typer.Option(20, "--trials", min=1, help="Plans to measure (pruned plans do not count)."),
-    budget_minutes: float | None = typer.Option(None, "--budget-minutes", callback=above(0), help="Stop starting trials after this much trial time."),
-    trial_timeout: float = typer.Option(TRIAL_TIMEOUT_S, "--trial-timeout-s", "--trial-timeout", callback=above(0), help="Seconds before a trial's process group is killed."),
+    trials: int = typer.Option(TuneOptions.trials, "--trials", min=1, help="Plans to measure (pruned plans do not count)."),
+    budget_minutes: float | None = typer.Option(_BUDGET_MINUTES, "--budget-minutes", callback=above(0), help="Stop starting trials after this much trial time."),
+    trial_timeout: float = typer.Option(TuneOptions.trial_timeout_s, "--trial-timeout-s", "--trial-timeout", callback=above(0), help="Seconds before a trial's process group is killed."),
     device_memory: str | None = _options.DEVICE_MEMORY,
     margin: float = _options.MARGIN,
-    storage: str | None = typer.Option(None, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
-    heartbeat: int = typer.Option(HEARTBEAT_S, "--heartbeat-s", "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
-    study: str | None = typer.Option(None, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
-    steps: int = typer.Option(3, "--steps", min=1, help="Fewest measured optimizer steps per trial."),
-    interval: float = typer.Option(0.05, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
-    max_steps: int = typer.Option(20, "--max-steps", min=1, help="Most measured steps per trial when measuring to --interval."),
-    warmup: int = typer.Option(1, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
-    repeats: int = typer.Option(3, "--repeats", min=0, help="Interleaved re-runs of best, baseline and runner-up (0: none; the search's single runs are compared, and the record says so)."),
+    storage: str | None = typer.Option(TuneOptions.storage, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
+    heartbeat: int = typer.Option(TuneOptions.heartbeat_s, "--heartbeat-s", "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
+    study: str | None = typer.Option(TuneOptions.study_name, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
+    steps: int = typer.Option(TuneOptions.steps, "--steps", min=1, help="Fewest measured optimizer steps per trial."),
+    interval: float = typer.Option(TuneOptions.interval_width or 0.0, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
+    max_steps: int = typer.Option(TuneOptions.max_steps, "--max-steps", min=1, help="Most measured steps per trial when measuring to --interval."),
+    warmup: int = typer.Option(TuneOptions.warmup, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
+    repeats: int = typer.Option(TuneOptions.repeats, "--repeats", min=0, help="Interleaved re-runs of best, baseline and runner-up (0: none; the search's single runs are compared, and the record says so)."),
     device: str | None = _options.DEVICE,
-    profile: Path | None = typer.Option(None, "--profile", help="A saved profile (default: a short fresh one)."),
-    baseline: str | None = typer.Option(None, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
-    policy: Path | None = typer.Option(None, "--policy", help="A policy TOML file (default policies/default.toml)."),
+    profile: Path | None = typer.Option(TuneOptions.profile_path, "--profile", help="A saved profile (default: a short fresh one)."),
+    baseline: str | None = typer.Option(TuneOptions.baseline, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
+    policy: Path | None = typer.Option(TuneOptions.policy_path, "--policy", help="A policy TOML file (default policies/default.toml)."),
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json, ds_config.json and autotune-tune.json go (created if missing)."),
-    finish: bool = typer.Option(False, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
-    engines: str = typer.Option("deepspeed", "--engines", help="Who may shard a ZeRO stage: deepspeed, or deepspeed,fsdp2 to also search PyTorch's FSDP2 (with --nproc-per-node > 1)."),
+    finish: bool = typer.Option(TuneOptions.finish, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
+    engines: str = typer.Option(",".join(TuneOptions.engines), "--engines", help="Who may shard a ZeRO stage: deepspeed, or deepspeed,fsdp2 to also search PyTorch's FSDP2 (with --nproc-per-node > 1)."),
     json_output: bool = _options.JSON,
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
@@ -101,13 +97,13 @@ def tune_command(
         if script is None:
             check_tune(options, machine, str(model) if model else None)
         else:
-            from autotune.api_scripts import check_script
+            from autotune.api import check_script
 
             check_script(script, options, machine, arg_map)
         check_out_dir(out_dir, f"--out-dir {out_dir}")
         with _ProgressView(trials, quiet=not err_console.is_terminal) as view:
             if script is not None:
-                from autotune.api_scripts import tune_script
+                from autotune.api import tune_script
 
                 record = tune_script(script, options=options, machine=machine,
                                      arg_map=arg_map, progress=view.update)  # fmt: skip

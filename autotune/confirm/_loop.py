@@ -6,16 +6,18 @@ tests pass a fake), so the loop itself is pure bookkeeping over records.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from autotune.confirm._records import ConfirmRecord, ConfirmStep, Measured
 from autotune.confirm._verdict import decide
-from autotune.policy import Suggestion, suggest
+from autotune.policy import Suggestion, SuggestRecord, suggest
 from autotune.records import AUTOCAST_PLAN_PRECISION, Machine, NotApplicable, Plan, ProfileRecord
 
 Progress = Callable[[str], None]
+Advise = Callable[[Plan | None, Collection[str]], SuggestRecord]
+"""``(start, rules to skip) -> the policy's advice from start`` (None: the profiled plan)."""
 Measure = Callable[[Plan, Plan], Mapping[str, Any]]
 """``(before, after) -> {ratios, before_step_s, after_step_s, loss_before, loss_after,
 peak_bytes_before, peak_bytes_after}`` from interleaved A/B repeats; raises
@@ -51,6 +53,7 @@ def confirm_changes(
     machine: Machine | None = None,
     global_batch: int | None = None,
     policy_path: str | Path | None = None,
+    advise: Advise | None = None,
 ) -> ConfirmRecord:
     """Measure each proposed change against the plan kept so far; keep it only when it helps.
 
@@ -68,6 +71,9 @@ def confirm_changes(
             memory, or this CPU's available memory).
         global_batch: the target global batch, kept with accumulation.
         policy_path: a policy TOML file (default: the default policy).
+        advise: the policy's advice from a plan, skipping some rules, as the composer gives it
+            (:meth:`autotune.compose.Composition.advice`); default: :func:`suggest` on
+            ``profile``, ``machine``, ``global_batch`` and ``policy_path``.
 
     Returns:
         The session log: every change proposed, predicted, measured, kept or rejected.
@@ -78,8 +84,12 @@ def confirm_changes(
     log: list[ConfirmStep] = []
     baseline: Plan | None = None
     for _ in range(max_changes):
-        record = suggest(profile, machine=machine, global_batch=global_batch,
-                         policy_path=policy_path, start=kept, skip_rules=skip)  # fmt: skip
+        record = (
+            advise(kept, skip)
+            if advise is not None
+            else suggest(profile, machine=machine, global_batch=global_batch,
+                         policy_path=policy_path, start=kept, skip_rules=skip)
+        )  # fmt: skip
         baseline = baseline or record.baseline
         if not record.suggestions:
             break

@@ -95,6 +95,11 @@ class EstimateRecord(_Record):
     num_layers: int
     seq_len: int | None
     device_memory_bytes: int | None
+    budget_source: str | None = Field(
+        default=None,
+        description="where the budget came from: given, the GPU's (device), this machine's "
+        "available memory (available_ram); None: no budget",
+    )
     margin: float
     margin_note: str = MARGIN_NOTE
     intra_gbps: float | None = None
@@ -344,6 +349,7 @@ def estimate(
         num_layers=facts.num_layers,
         seq_len=facts.seq_len,
         device_memory_bytes=machine.device_memory,
+        budget_source=machine.budget_source,
         margin=machine.margin,
         intra_gbps=machine.intra_gbps,
         inter_gbps=machine.inter_gbps,

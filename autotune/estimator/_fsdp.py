@@ -199,7 +199,7 @@ def fsdp2_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
         offload=plan.offload_param != "none" and facts.device_type != "cpu",
         checkpoint_blocks=plan.checkpoint_blocks,
         tied_parameters=facts.largest_tied_parameters,
-        largest_parameter=facts.largest_layer_parameters,
+        largest_parameter=facts.largest_parameter,
         gloo=facts.device_type == "cpu",
     )
 

@@ -10,45 +10,22 @@ from typing import Literal
 from pydantic import Field
 
 from autotune.estimator import _costmodel as cm
-from autotune.records import AUTOCAST_PLAN_PRECISION, AtPeak, Plan, ProfileRecord
+from autotune.records import (
+    AUTOCAST_PLAN_PRECISION,
+    ActivationRecord,
+    AtPeak,
+    FigureSource,
+    Plan,
+    ProfileRecord,
+)
 from autotune.records import Record as _Record
 
-Source = Literal["measured", "traced", "formula"]
+Source = FigureSource
 
 
-class ActivationSpec(_Record):
-    """Saved-for-backward bytes of one precision: ``fixed + per_sample * b``, whole model and per block."""
-
-    fixed: float
-    per_sample: float
-    block_fixed: float = 0.0
-    block_per_sample: float = 0.0
-    block_input_fixed: float = 0.0
-    block_input_per_sample: float = 0.0
-    autocast_weight_copies: float = Field(
-        default=0.0, description="16-bit weight copies autocast saves, no block checkpointed"
-    )
-    block_autocast_weight_copies: float = Field(
-        default=0.0, description="of those, one block's (not saved when it is checkpointed)"
-    )
-    source: Source
-    path: str | None = Field(
-        default=None,
-        description="how a trace got them (autotune.runtime.trace.PATHS); None: a profile",
-    )
-    temporaries_vs_fp32: float | None = Field(
-        default=None,
-        description="16-bit weights: the temporaries live at the peak of a forward and backward "
-        "(the loss's gradient buffers) over fp32's, both traced; None: not traced",
-    )
-
-    def weight_copies(self, blocks: int, checkpoint_blocks: int) -> float:
-        """Autocast's weight copies at their highest with k blocks checkpointed: a
-        checkpointed block's are dropped, one block's come back during its recompute.
-        """
-        k = min(checkpoint_blocks, blocks)
-        dropped = (k - (1 if k else 0)) * self.block_autocast_weight_copies
-        return max(self.autocast_weight_copies - dropped, 0.0)
+class ActivationSpec(ActivationRecord):
+    """Saved-for-backward bytes of one precision (:class:`ActivationRecord`), as the cost model
+    reads them."""
 
     def figures(self, blocks: int) -> cm.ActivationFigures:
         """The cost model's view of these figures for a stack of ``blocks`` blocks."""
@@ -78,6 +55,13 @@ class TracedMoment(_Record):
         default=None,
         description="the optimizer step's transient bytes, from a smaller traced step that peaked "
         "there (this one peaked in backward); None: not traced",
+    )
+    backward_at_peak: AtPeak | None = Field(
+        default=None,
+        description="what was live at the backward's own peak, as a profile records it",
+    )
+    optimizer_step: Literal["single_tensor", "foreach", "fused"] | None = Field(
+        default=None, description="the model file's optimizer's step path where it sets one"
     )
 
 
@@ -149,6 +133,15 @@ class ModelFacts(_Record):
     )
     peak_flops_per_s: float | None = None
 
+    @property
+    def largest_parameter(self) -> int:
+        """Elements of the largest trainable parameter (what a per-parameter optimizer step or
+        gradient copy holds at once): from the parameter sizes where recorded, else the largest
+        module's own parameters (a bound: a module may hold several, as MoE experts do)."""
+        if self.parameter_sizes:
+            return max(self.parameter_sizes)
+        return self.largest_layer_parameters
+
 
 def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
     """Model facts with the activation figures, peak and times a profile measured.
@@ -204,7 +197,10 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         optimizer_bytes_per_param=memory.optimizer_states / trainable if trainable else 0.0,
         optimizer_source="measured",
         optimizer_step=memory.optimizer_step,
-        activations={precision: spec},
+        activations={
+            **{k: ActivationSpec.model_validate(v.model_dump()) for k, v in memory.traced.items()},
+            precision: spec,
+        },
         baseline=Baseline(
             plan=plan,
             peak=memory.peak,

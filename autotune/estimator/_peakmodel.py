@@ -131,7 +131,7 @@ def adam_step_temporaries(facts: ModelFacts, plan: Plan) -> float:
         return 0.0
     if path == "foreach":
         return 4.0 * facts.trainable_parameters / shards
-    return 2 * 4.0 * facts.largest_layer_parameters / shards
+    return 2 * 4.0 * facts.largest_parameter / shards
 
 
 def _traced_residue(facts: ModelFacts) -> float:

@@ -505,7 +505,7 @@ def engine_moments(facts: ModelFacts, plan: Plan) -> ZeroMoments | None:
         world_size=plan.world_size,
         bucket_elements=bucket_elements(facts.parameters),
         grad_accum=plan.grad_accum,
-        largest_parameter=facts.largest_layer_parameters,
+        largest_parameter=facts.largest_parameter,
         optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
         partition_extent=(
             partition_elements(facts.parameter_sizes, plan.world_size)

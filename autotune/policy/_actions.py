@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autotune.policy._facts import Facts
+from autotune.records import Plan
 
 Params = Mapping[str, object]
 Changes = dict[str, object]
@@ -71,22 +71,46 @@ def _checkpoint(facts: Facts, params: Params) -> Changes:
         return {}
     micro, blocks = facts.checkpoint_micro_batch, facts.checkpoint_micro_batch_blocks
     if facts.fits and micro is not None and blocks:
-        plan = facts.plan
-        samples = (facts.target_global_batch // plan.world_size if facts.target_global_batch
-                   else plan.micro_batch * plan.grad_accum)  # fmt: skip
+        samples = per_rank_batch(facts.target_global_batch, facts.plan)
+        if samples % micro:  # the samples per step are never changed to checkpoint
+            return {}
         return {"checkpoint_blocks": blocks, "micro_batch": micro,
-                "grad_accum": max(1, samples // micro)}  # fmt: skip
+                "grad_accum": samples // micro}  # fmt: skip
     return {}
 
 
+def per_rank_batch(target: int | None, plan: Plan) -> int:
+    """Samples per rank per optimizer step: the target global batch over the ranks, else
+    the plan's micro-batch x accumulation.
+
+    A target that does not split evenly over the ranks gets the nearest whole number (halves
+    up, at least 1): the global batch cannot be kept, and the advisor notes it.
+    """
+    if not target:
+        return plan.micro_batch * plan.grad_accum
+    return max(1, (2 * target + plan.world_size) // (2 * plan.world_size))
+
+
+def largest_divisor(samples: int, cap: int) -> int:
+    """The largest micro-batch <= ``cap`` (at least 1) that divides ``samples``."""
+    return max(m for m in range(1, max(1, min(cap, samples)) + 1) if samples % m == 0)
+
+
 def _keep_global_batch(facts: Facts, params: Params) -> Changes:
+    """micro_batch x grad_accum = the per-rank share of the global batch, exactly.
+
+    The micro-batch is the largest divisor of that share that fits with its accumulation;
+    without that fact, the largest divisor <= the micro-batch that fits (or the plan's).
+    """
     plan = facts.plan
-    micro = plan.micro_batch
-    if facts.fits is False and facts.micro_batch_to_fit is not None:
-        micro = facts.micro_batch_to_fit
-    target = facts.target_global_batch or plan.global_batch
-    accum = max(1, math.ceil(target / (micro * plan.world_size)))
-    return {"micro_batch": micro, "grad_accum": accum}
+    samples = per_rank_batch(facts.target_global_batch, plan)
+    micro = facts.micro_batch_for_global_batch
+    if micro is None or samples % micro:
+        cap = plan.micro_batch
+        if facts.fits is False and facts.micro_batch_to_fit is not None:
+            cap = facts.micro_batch_to_fit
+        micro = largest_divisor(samples, cap)
+    return {"micro_batch": micro, "grad_accum": samples // micro}
 
 
 def _zero(facts: Facts, params: Params) -> Changes:
@@ -140,7 +164,14 @@ ACTIONS: dict[str, Action] = {
     "keep_global_batch": Action(
         frozenset({"micro_batch", "grad_accum"}),
         _keep_global_batch,
-        uses=("micro_batch_to_fit", "target_global_batch", "global_batch", "peak_bytes"),
+        uses=(
+            "micro_batch_for_global_batch",
+            "micro_batch_to_fit",
+            "target_global_batch",
+            "global_batch",
+            "world_size",
+            "peak_bytes",
+        ),
     ),
     "zero": Action(
         frozenset({"zero_stage", "precision"}),

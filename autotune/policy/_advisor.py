@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.estimator import facts_from_profile, fit_step_time
+from autotune.estimator import ModelFacts, facts_from_profile, fit_step_time
 from autotune.policy._actions import ACTIONS
 from autotune.policy._fact_builder import FactBuilder
 from autotune.policy._facts import Facts
@@ -40,6 +40,7 @@ def suggest(
     profile_path: str | None = None,
     more_profiles: Sequence[ProfileRecord] = (),
     framework: str | None = None,
+    model: ModelFacts | None = None,
 ) -> SuggestRecord:
     """Apply the policy to a profile: every change that applies, in order, stacked.
 
@@ -64,6 +65,9 @@ def suggest(
             no micro-batch is predicted faster than another.
         framework: the user's framework; ``torch`` or ``accelerate`` names the FSDP2
             alternative of every suggestion that turns a ZeRO stage.
+        model: the profile's facts as the composer built them (:func:`autotune.compose.compose`),
+            so the advice predicts each plan as every other road does; default: read from
+            ``profile`` and ``more_profiles`` here.
 
     Returns:
         The suggestions in order, each with its stacked plan, evidence and prediction.
@@ -74,9 +78,10 @@ def suggest(
         machine = _machine(device_memory, world_size, gpus_per_node, inter_gbps, margin)
     machine = machine.with_default_budget(profile)
     policy = load_policy(policy_path)
-    model = facts_from_profile(profile)
-    for other in more_profiles:
-        model = fit_step_time(model, other)
+    if model is None:
+        model = facts_from_profile(profile)
+        for other in more_profiles:
+            model = fit_step_time(model, other)
     builder = FactBuilder(profile, model, machine, global_batch)
     plan = start or builder.baseline
     suggestions: list[Suggestion] = []
@@ -100,6 +105,7 @@ def suggest(
         inter_gbps=machine.inter_gbps,
         margin=machine.margin,
         global_batch=global_batch,
+        global_batch_kept=_global_batch_note(global_batch, plan) is None,
         suggestions=[_with_fsdp2(s, framework) for s in suggestions],
         final_plan=plan,
         notes=_notes(builder, plan),
@@ -231,10 +237,29 @@ def _notes(builder: FactBuilder, plan: Plan) -> list[str]:
     elif machine.budget_source == "available_ram":
         notes.append(f"budget: {format_bytes(machine.device_memory)}, this machine's available "
                      "memory (psutil), since no --device-memory was given for this CPU profile")  # fmt: skip
+    changed = _global_batch_note(builder.global_batch, plan)
+    if changed:
+        notes.append(changed)
     notes.extend(_slower_note(builder, plan))
     if plan.uses_deepspeed:
         notes.append("the final plan needs DeepSpeed: `autotune config` writes its config")
     return notes
+
+
+def _global_batch_note(target: int | None, plan: Plan) -> str | None:
+    """Why the final plan's global batch is not the target (``None``: it is, or no target)."""
+    if target is None or plan.global_batch == target:
+        return None
+    world = plan.world_size
+    gives = (f"the final plan gives {plan.global_batch} (micro-batch {plan.micro_batch} x "
+             f"accumulation {plan.grad_accum} x {world} rank{'s' if world > 1 else ''})")  # fmt: skip
+    if target % world:
+        why = (f"{target} samples do not split evenly over {world} ranks; choose a global "
+               f"batch that is a multiple of {world}")  # fmt: skip
+    else:
+        why = ("no rule of the policy that ran keeps it (is keep_global_batch disabled or "
+               "rejected?)")  # fmt: skip
+    return f"global batch not kept: target {target}, {gives}: {why}"
 
 
 def _slower_note(builder: FactBuilder, plan: Plan) -> list[str]:

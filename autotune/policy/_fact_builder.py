@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from autotune.estimator import ModelFacts, PlanEstimate, estimate_plan
+from autotune.policy._actions import per_rank_batch
 from autotune.policy._facts import Facts, Source
 from autotune.records import AUTOCAST_PLAN_PRECISION, Machine, Plan, ProfileRecord
 
@@ -119,6 +120,7 @@ class FactBuilder:
         for name in (
             "checkpoint_blocks_to_fit",
             "micro_batch_to_fit",
+            "micro_batch_for_global_batch",
             "step_time_ratio",
             "amp_peak_ratio",
             "checkpoint_micro_batch",
@@ -138,6 +140,7 @@ class FactBuilder:
             step_time_ratio=self.estimate(plan).predicted_step_time_ratio,
             checkpoint_blocks_to_fit=self._smallest_checkpoint_that_fits(plan),
             micro_batch_to_fit=self._largest_micro_batch_that_fits(plan),
+            micro_batch_for_global_batch=self._micro_batch_for_global_batch(plan),
             amp_peak_ratio=self._amp_peak_ratio(plan),
             checkpoint_micro_batch=gain[0].micro_batch if gain else None,
             checkpoint_micro_batch_blocks=gain[0].checkpoint_blocks if gain else None,
@@ -180,10 +183,7 @@ class FactBuilder:
         return self.estimate(plan).predicted_step_time_ratio
 
     def _per_device_samples(self, plan: Plan) -> int:
-        target = self.global_batch
-        if target and target % plan.world_size == 0:
-            return target // plan.world_size
-        return plan.micro_batch * plan.grad_accum
+        return per_rank_batch(self.global_batch, plan)
 
     def _larger_micro_batches(self, plan: Plan) -> list[int]:
         samples = self._per_device_samples(plan)
@@ -272,6 +272,19 @@ class FactBuilder:
             else:
                 low = middle + 1
         return low
+
+    def _micro_batch_for_global_batch(self, plan: Plan) -> int | None:
+        """The largest micro-batch <= the plan's that divides the per-rank samples and fits
+        with the accumulation that makes them up (``None``: no budget, a target that does
+        not split over the ranks, or none fits)."""
+        target = self.global_batch
+        if self.machine.device_memory is None or (target and target % plan.world_size):
+            return None
+        samples = self._per_device_samples(plan)
+        for micro in range(min(plan.micro_batch, samples), 0, -1):
+            if samples % micro == 0 and self._fits(self._with_micro_batch(plan, micro)):
+                return micro
+        return None
 
     def _largest_micro_batch_that_fits(self, plan: Plan) -> int | None:
         if self.machine.device_memory is None:

@@ -50,6 +50,12 @@ class Facts(Record):
     micro_batch_to_fit: int | None = Field(
         None, description="largest micro-batch <= current that fits"
     )
+    micro_batch_for_global_batch: int | None = Field(
+        None,
+        description="largest micro-batch <= current that divides the per-rank share of the "
+        "global batch (the target's, else the plan's) and fits with its accumulation (None: "
+        "no budget, the target does not split over the ranks, or none fits)",
+    )
     step_time_ratio: float | None = Field(None, description="predicted step time / baseline's")
     amp_peak_ratio: float | None = Field(
         None, description="predicted peak with bf16 autocast / now"
@@ -119,6 +125,7 @@ FACT_KINDS: dict[str, FactKind] = {
     "model_state_share": "share",
     "checkpoint_blocks_to_fit": "count",
     "micro_batch_to_fit": "count",
+    "micro_batch_for_global_batch": "count",
     "step_time_ratio": "ratio",
     "amp_peak_ratio": "ratio",
     "checkpoint_micro_batch": "count",

@@ -69,6 +69,12 @@ class SuggestRecord(Record):
         default=0.10, description="share of the budget kept free when deciding what fits"
     )
     global_batch: int | None
+    global_batch_kept: bool = Field(
+        default=True,
+        description="False: the final plan's global batch (micro-batch x accumulation x world "
+        "size) differs from the target global batch; a note says what it gives and why. "
+        "`autotune suggest` then exits 1",
+    )
     suggestions: list[Suggestion]
     final_plan: Plan
     notes: list[str] = Field(default_factory=list)

@@ -1,5 +1,6 @@
 """The records every stage passes along (plan, profile, recommendation), plus what they all need:
-the one error type, atomic JSON I/O and unit parsing. No stage logic lives here.
+the one error type, atomic JSON I/O and unit parsing, and the trial protocol the search and the
+trial processes share (``_trial.py``). No stage logic lives here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from autotune.records._options import (
     FRONT_SIZE,
     HEARTBEAT_S,
     JOIN_TIMEOUT_S,
+    SHORT_PROFILE_STEPS,
+    SHORT_PROFILE_WARMUP,
+    TIME_PROFILE_STEPS,
     TRIAL_TIMEOUT_S,
+    ConfirmOptions,
+    ProfileOptions,
     TuneOptions,
 )
 from autotune.records._plan import (
@@ -36,11 +42,13 @@ from autotune.records._plan import (
 )
 from autotune.records._profile import (
     ActivationFit,
+    ActivationRecord,
     AtPeak,
     BlockStack,
     Capabilities,
     Compute,
     Environment,
+    FigureSource,
     MemoryBreakdown,
     ModelInfo,
     ModuleBytes,
@@ -54,6 +62,23 @@ from autotune.records._profile import (
 )
 from autotune.records._recommendation import CodeChange, MeasuredPlan, Recommendation
 from autotune.records._stats import COVERAGE, median_interval, relative_half_width
+from autotune.records._trial import (
+    EXTENSIONS_DIR,
+    GUARD_EXIT,
+    LIFELINE_ENV,
+    PROBE_ENV,
+    PROFILE_ENV,
+    SCRIPT_SPEC_ENV,
+    EntryPoints,
+    ScriptProbe,
+    StepSplit,
+    TrialResult,
+    TrialSettings,
+    WorkerSpec,
+    done_path,
+    request_path,
+    stop_path,
+)
 from autotune.records._units import (
     format_bytes,
     format_count,
@@ -70,12 +95,33 @@ __all__ = [
     "FRONT_SIZE",
     "HEARTBEAT_S",
     "JOIN_TIMEOUT_S",
+    "SHORT_PROFILE_STEPS",
+    "SHORT_PROFILE_WARMUP",
+    "TIME_PROFILE_STEPS",
     "TRIAL_TIMEOUT_S",
+    "ConfirmOptions",
+    "ProfileOptions",
+    "EXTENSIONS_DIR",
+    "GUARD_EXIT",
+    "LIFELINE_ENV",
+    "PROBE_ENV",
+    "PROFILE_ENV",
+    "SCRIPT_SPEC_ENV",
+    "EntryPoints",
+    "ScriptProbe",
+    "StepSplit",
+    "TrialResult",
+    "TrialSettings",
+    "WorkerSpec",
+    "done_path",
+    "request_path",
+    "stop_path",
     "BudgetSource",
     "Machine",
     "TuneOptions",
     "available_memory",
     "ActivationFit",
+    "ActivationRecord",
     "AtPeak",
     "Attention",
     "AutotuneError",
@@ -84,6 +130,7 @@ __all__ = [
     "CodeChange",
     "Compute",
     "Environment",
+    "FigureSource",
     "MeasuredPlan",
     "MemoryBreakdown",
     "ModelInfo",

@@ -1,5 +1,6 @@
-"""What a tune run is asked: every option of ``autotune tune`` (bar the machine's and the
-model's), each declared here once, with its default and its checks."""
+"""What a run is asked: every option of ``autotune profile``, ``autotune confirm`` and
+``autotune tune`` (bar the machine's, the model's and where the output goes), each declared
+here once, with its default and its checks. The CLI's flags read their defaults from here."""
 
 from __future__ import annotations
 
@@ -18,6 +19,85 @@ JOIN_TIMEOUT_S = 120.0
 FRONT_SIZE = 4
 """Plans of the predicted front queued after the policy's plan and the baseline."""
 ENGINES = ("deepspeed", "fsdp2")
+AUTOCASTS = ("off", "bf16", "fp16")
+"""``--autocast`` of a profile: off (fp32), or torch.autocast to bf16 or fp16."""
+SHORT_PROFILE_STEPS = 2
+"""Measured steps of the short profile tune (and recommend) take without ``--profile``: memory
+and the phases of a step, not a figure a user reads (that is ``ProfileOptions.steps``)."""
+SHORT_PROFILE_WARMUP = 1
+"""Steps run first and dropped in tune's short profiles."""
+TIME_PROFILE_STEPS = 3
+"""Measured steps of tune's second short profile at a larger batch, which the step-time model
+is fitted to."""
+
+
+def _at_least(*checks: tuple[str, int | None, int]) -> None:
+    """Each ``(flag, value, low)``: ``value`` (where given) is at least ``low``, else one line."""
+    for flag, value, low in checks:
+        if value is not None and value < low:
+            raise AutotuneError(f"{flag}: must be >= {low} (got {value})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions:
+    """What one ``autotune profile`` run is asked (bar the model's source and the output). The
+    CLI builds it from its flags; the profiler and :func:`autotune.api.profile_script`
+    take its defaults."""
+
+    batch_size: int
+    """Samples per measured step (``--batch-size``)."""
+    steps: int = 20
+    """Timed steps; the record reports their medians (``--steps``)."""
+    warmup: int = 3
+    """Steps run first and dropped (``--warmup``)."""
+    device: str = "auto"
+    """Where the steps run: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``--device``)."""
+    autocast: str = "off"
+    """``off`` (fp32), or torch.autocast to ``bf16`` or ``fp16`` (``--autocast``)."""
+    checkpointing: bool = False
+    """Checkpoint every block of the block stack (``--checkpointing``)."""
+
+    def __post_init__(self) -> None:
+        _at_least(("--batch-size", self.batch_size, 1), ("--steps", self.steps, 1),
+                  ("--warmup", self.warmup, 0))  # fmt: skip
+        Machine(device=self.device)  # its --device check, the one there is
+        if self.autocast not in AUTOCASTS:
+            raise AutotuneError(f"--autocast: must be off, bf16 or fp16 (got {self.autocast!r})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmOptions:
+    """What one ``autotune confirm`` session is asked (bar the machine's, the model's and the
+    output). The CLI builds it from its flags; :func:`autotune.api.confirm` takes its defaults."""
+
+    batch_size: int
+    """Micro-batch of the baseline (``--batch-size``)."""
+    steps: int = 3
+    """Timed steps per arm in each repeat (``--steps``)."""
+    repeats: int = 5
+    """Interleaved A/B repeats, the sample of the ratio's interval (``--repeats``)."""
+    warmup: int = 1
+    """Untimed steps per arm before the first repeat (``--warmup``)."""
+    loss_tolerance: float = 0.05
+    """Largest relative change of the mean loss accepted (``--loss-tolerance``)."""
+    max_changes: int = 8
+    """Most changes tried in one session (``--max-changes``)."""
+    global_batch: int | None = None
+    """Target samples per step the policy keeps; ``None``: none (``--global-batch``)."""
+    profile_path: str | None = None
+    """A saved baseline profile; ``None``: profile the baseline now (``--profile``)."""
+    policy_path: str | None = None
+    """A policy TOML file; ``None``: the default policy (``--policy``)."""
+
+    def __post_init__(self) -> None:
+        _at_least(("--batch-size", self.batch_size, 1), ("--steps", self.steps, 1),
+                  ("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0),
+                  ("--max-changes", self.max_changes, 1),
+                  ("--global-batch", self.global_batch, 1))  # fmt: skip
+        if not 0 < self.loss_tolerance < 1:
+            raise AutotuneError(
+                f"--loss-tolerance: must be between 0 and 1 (got {self.loss_tolerance})"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,6 +86,47 @@ class ActivationFit(_Record):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
 
 
+FigureSource = Literal["measured", "traced", "formula"]
+"""Where a figure came from: a real step, a trace on fake tensors, or a formula."""
+
+
+class ActivationRecord(_Record):
+    """Saved-for-backward bytes of one precision: ``fixed + per_sample * b``, whole model and per
+    block, with where they came from. A profile keeps the figures it traced for the precisions it
+    did not run; the estimator reads them (and its own measured ones) as ``ActivationSpec``."""
+
+    fixed: float
+    per_sample: float
+    block_fixed: float = 0.0
+    block_per_sample: float = 0.0
+    block_input_fixed: float = 0.0
+    block_input_per_sample: float = 0.0
+    autocast_weight_copies: float = Field(
+        default=0.0, description="16-bit weight copies autocast saves, no block checkpointed"
+    )
+    block_autocast_weight_copies: float = Field(
+        default=0.0, description="of those, one block's (not saved when it is checkpointed)"
+    )
+    source: FigureSource
+    path: str | None = Field(
+        default=None,
+        description="how a trace got them (autotune.runtime.trace.PATHS); None: a profile",
+    )
+    temporaries_vs_fp32: float | None = Field(
+        default=None,
+        description="16-bit weights: the temporaries live at the peak of a forward and backward "
+        "(the loss's gradient buffers) over fp32's, both traced; None: not traced",
+    )
+
+    def weight_copies(self, blocks: int, checkpoint_blocks: int) -> float:
+        """Autocast's weight copies at their highest with k blocks checkpointed: a
+        checkpointed block's are dropped, one block's come back during its recompute.
+        """
+        k = min(checkpoint_blocks, blocks)
+        dropped = (k - (1 if k else 0)) * self.block_autocast_weight_copies
+        return max(self.autocast_weight_copies - dropped, 0.0)
+
+
 class AtPeak(_Record):
     """What was live at the moment of the peak; the parts add up to ``peak``."""
 
@@ -137,6 +178,13 @@ class MemoryBreakdown(_Record):
     cuda_reserved: int | None = None
     process_rss: int | None = None
     fits_judged_on: str = Field(description="which figure a budget check uses")
+    traced: dict[str, ActivationRecord] = Field(
+        default_factory=dict,
+        description="plan precision -> activation figures traced on fake tensors for the "
+        "precisions the profile did not run, so every road that reads this profile predicts "
+        "those plans from the same figures; empty: none traced (a script's profile, an older "
+        "record)",
+    )
 
 
 class Spread(_Record):

@@ -53,3 +53,9 @@ class Recommendation(_Record):
     parameters: int | None = Field(
         None, description="the model's parameter count, which sizes ZeRO's buckets; None = unknown"
     )
+    predicted_peak_bytes: int | None = Field(
+        None, description="the plan's predicted peak per device (the estimate every road gives)"
+    )
+    predicted_fits: bool | None = Field(
+        None, description="whether that peak fits the budget's usable part; None: no budget"
+    )

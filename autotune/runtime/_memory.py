@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import statistics
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -104,6 +105,16 @@ def optimizer_step_kind(optimizer: torch.optim.Optimizer) -> str | None:
     except (ImportError, TypeError):  # a private helper of torch's: absent, or its signature moved
         return None
     return "foreach" if foreach else "single_tensor"
+
+
+def declared_step_kind(optimizer: torch.optim.Optimizer) -> str | None:
+    """The step path an optimizer's own options choose (``fused``, or ``foreach`` given as
+    True or False); ``None`` where they leave it to torch's default for the device the
+    parameters end up on (a trace on CPU fake tensors cannot tell a GPU run's)."""
+    defaults = getattr(optimizer, "defaults", {})
+    if "foreach" not in defaults or (defaults["foreach"] is None and not defaults.get("fused")):
+        return None
+    return optimizer_step_kind(optimizer)
 
 
 def is_weight_cast(tensor: torch.Tensor, max_depth: int = 4) -> bool:
@@ -590,3 +601,11 @@ def process_rss() -> int | None:
         return int(psutil.Process().memory_info().rss)
     except Exception:
         return None
+
+
+def block_bytes(saved: SavedTensors) -> int | None:
+    """One block's saved bytes: the median block's (the first may also hold tensors all blocks
+    share; blocks of unequal size, as a CNN's stages, are taken at their middle). The profile's
+    fit and the trace both read it, so the two roads split the stack alike."""
+    blocks = [size for name, size in saved.by_module.items() if name != OTHER]
+    return int(statistics.median(blocks)) if blocks else None

@@ -21,8 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from autotune.records import AutotuneError
-from autotune.search import EXTENSIONS_DIR, LIFELINE_ENV
+from autotune.records import EXTENSIONS_DIR, LIFELINE_ENV, AutotuneError
 
 __all__ = [
     "BUILD_TIMEOUT_S",

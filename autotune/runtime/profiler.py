@@ -340,7 +340,7 @@ def _activation_fit(runner: TrainRunner, measured: mem.SavedTensors) -> Activati
         "per_sample": per_sample,
         "precision": runner.precision,
     }
-    blocks_low, blocks_high = _block_bytes(low[1]), _block_bytes(high[1])
+    blocks_low, blocks_high = mem.block_bytes(low[1]), mem.block_bytes(high[1])
     if blocks_low is not None and blocks_high is not None:
         block_per_sample = (blocks_high - blocks_low) / span
         fit["block_per_sample"] = block_per_sample
@@ -348,12 +348,6 @@ def _activation_fit(runner: TrainRunner, measured: mem.SavedTensors) -> Activati
     if low[1].block_input is not None and high[1].block_input is not None:
         fit["block_input_per_sample"] = (high[1].block_input - low[1].block_input) / span
     return ActivationFit(**fit)
-
-
-def _block_bytes(saved: mem.SavedTensors) -> int | None:
-    """The median block's saved bytes (the first block may also hold shared tensors)."""
-    blocks = [size for name, size in saved.by_module.items() if name != mem.OTHER]
-    return int(statistics.median(blocks)) if blocks else None
 
 
 def _count_flops(runner: TrainRunner) -> float:

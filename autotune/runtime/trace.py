@@ -157,11 +157,6 @@ def _temporaries_vs_fp32(
     return low / high if high else None
 
 
-def _smallest_block(saved: mem.SavedTensors) -> int:
-    """One block's bytes: the smallest block (the first may also hold tensors all blocks share)."""
-    return min(size for name, size in saved.by_module.items() if name != mem.OTHER)
-
-
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     previous = torch.get_default_dtype()
@@ -211,7 +206,7 @@ def trace_activations(
     for b in batch_sizes:
         batch = _as_dtype(batch_of(b), weights) if precision in _WEIGHTS else batch_of(b)
         plain = _count(model, batch, forward, precision, 0)
-        block = _smallest_block(plain) if traced else 0
+        block = (mem.block_bytes(plain) or 0) if traced else 0
         outside = plain.activations - traced * block
         kept = _count(model, batch, forward, precision, traced) if traced else plain
         block_input = (kept.activations - outside) / traced if traced else 0.0
@@ -328,9 +323,16 @@ def trace_step(model_file: ModelFile, plan: Plan, batch: Any, *, fake: bool = Tr
         del loss
         runner.optimizer_step()
         step = tracked_step(runner)
+        kind = mem.declared_step_kind(runner.optimizer)
     finally:
         runner.close()
-    return TracedMoment(plan=plan, peak=step.peak.peak, at_peak=step.peak.at_peak)
+    return TracedMoment(
+        plan=plan,
+        peak=step.peak.peak,
+        at_peak=step.peak.at_peak,
+        backward_at_peak=step.backward[1] if step.backward else None,
+        optimizer_step=kind,  # type: ignore[arg-type]
+    )
 
 
 PATH_FAKE = "traced on fake tensors"
@@ -565,7 +567,8 @@ def facts_from_model_file(
 def _model_file_facts(traced: _Traced, seq_len: int | None, label: str) -> ModelFacts:
     model = traced.counted
     facts = _facts(type(model).__name__, model, seq_len, _labelled(traced, label))
-    return facts.model_copy(update={"traced_moment": traced.moment})
+    step = traced.moment.optimizer_step if traced.moment else None
+    return facts.model_copy(update={"traced_moment": traced.moment, "optimizer_step": step})
 
 
 def traced_activations(path: str | Path, precisions: tuple[str, ...]) -> dict[str, ActivationSpec]:
@@ -580,6 +583,27 @@ def traced_activations(path: str | Path, precisions: tuple[str, ...]) -> dict[st
     if not precisions:
         return {}
     return facts_from_model_file(path, precisions=precisions, step=False).activations
+
+
+def device_type(device: str) -> str:
+    """The device type plans run on (``cpu`` or ``cuda``) for a checked ``--device``
+    (``auto``: a GPU where this machine has one; ``cuda`` need not be here): a trace runs on
+    CPU fake tensors whatever the target."""
+    from autotune.runtime._device import resolve_device
+
+    if device == "auto":
+        return resolve_device(device).type
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def device_memory(device: str) -> int | None:
+    """Bytes of the GPU ``device`` names (``auto``: this machine's first, where it has one);
+    ``None`` for a CPU, or a GPU this machine does not have."""
+    from autotune.runtime import _device
+
+    if device_type(device) != "cuda" or not torch.cuda.is_available():
+        return None
+    return _device.device_memory(torch.device("cuda" if device == "auto" else device))
 
 
 def load_hf_config(path: str | Path) -> Any:

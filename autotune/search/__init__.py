@@ -5,6 +5,23 @@ outcome classification, the final comparison and ``tune()``.
 
 from __future__ import annotations
 
+from autotune.records import (
+    EXTENSIONS_DIR,
+    GUARD_EXIT,
+    LIFELINE_ENV,
+    PROBE_ENV,
+    PROFILE_ENV,
+    SCRIPT_SPEC_ENV,
+    EntryPoints,
+    ScriptProbe,
+    StepSplit,
+    TrialResult,
+    TrialSettings,
+    WorkerSpec,
+    done_path,
+    request_path,
+    stop_path,
+)
 from autotune.search._agents import (
     AgentRunner,
     parse_endpoint,
@@ -16,36 +33,19 @@ from autotune.search._compare import (
     recommendation,
 )
 from autotune.search._identity import check_identity
-from autotune.search._outcome import GUARD_EXIT
-from autotune.search._pool import (
-    PoolRunner,
-    done_path,
-    request_path,
-    stop_path,
-)
+from autotune.search._pool import PoolRunner
 from autotune.search._records import (
     Outcome,
-    StepSplit,
     TrialRecord,
-    TrialResult,
-    TrialSettings,
     TrialState,
     TuneRecord,
-    WorkerSpec,
 )
 from autotune.search._runner import (
-    EXTENSIONS_DIR,
-    LIFELINE_ENV,
-    EntryPoints,
     SubprocessRunner,
     TrialRunner,
 )
 from autotune.search._script_runner import (
     ARG_KEYS,
-    PROBE_ENV,
-    PROFILE_ENV,
-    SCRIPT_SPEC_ENV,
-    ScriptProbe,
     ScriptRunner,
     check_command,
     command_ranks,

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.records import JOIN_TIMEOUT_S, AutotuneError, Plan
+from autotune.records import JOIN_TIMEOUT_S, AutotuneError, EntryPoints, Plan, TrialSettings
 from autotune.search import _study
-from autotune.search._records import RunReport, TrialSettings
-from autotune.search._runner import EntryPoints, SubprocessRunner, TrialRunner
+from autotune.search._records import RunReport
+from autotune.search._runner import SubprocessRunner, TrialRunner
 from autotune.search._storage_errors import lost_a_race, storage_error
 
 JOB_KEY = "autotune:job"

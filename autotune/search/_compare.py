@@ -6,9 +6,9 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from autotune.records import MeasuredPlan, Plan, Recommendation
+from autotune.records import MeasuredPlan, Plan, Recommendation, TrialSettings
 from autotune.search._outcome import classify_outcome
-from autotune.search._records import Comparison, TrialRecord, TrialSettings
+from autotune.search._records import Comparison, TrialRecord
 from autotune.search._runner import TrialRunner
 
 BASELINE = "baseline"

@@ -22,8 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from autotune.records import TrialSettings
 from autotune.search._compare import compare, entries
-from autotune.search._records import Comparison, TrialRecord, TrialSettings
+from autotune.search._records import Comparison, TrialRecord
 from autotune.search._runner import TrialRunner, pid_alive
 
 ATTR = "final_comparison"

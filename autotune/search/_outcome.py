@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import signal
 
-from autotune.search._records import Outcome, TrialResult
+from autotune.records import GUARD_EXIT, TrialResult
+from autotune.search._records import Outcome
 
 # Texts that mean the device or the process ran out of memory, from torch, CUDA,
 # the CPU allocator and our own worker-side memory guard.
@@ -15,9 +16,6 @@ _OOM_PATTERNS = re.compile(
     r"|autotune memory guard",
     re.IGNORECASE,
 )
-GUARD_EXIT = 87
-"""The exit status of a trial worker stopped by its memory guard. torchrun reports it per rank
-("exitcode : 87") after a traceback long enough to push the guard's own line out of the tail."""
 _RANK_GUARD = re.compile(rf"exitcode\s*:\s*{GUARD_EXIT}\b")
 # torchrun reports a rank killed by a signal in its own words, not in its return code.
 _RANK_SIGKILL = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b")

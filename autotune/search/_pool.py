@@ -20,8 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from autotune.records import AutotuneError, Plan, write_record
-from autotune.search._records import RunReport, TrialSettings, WorkerSpec
+from autotune.records import (
+    AutotuneError,
+    Plan,
+    TrialSettings,
+    WorkerSpec,
+    done_path,
+    request_path,
+    stop_path,
+    write_record,
+)
+from autotune.search._records import RunReport
 from autotune.search._runner import (
     SubprocessRunner,
     _failed_to_start,
@@ -38,21 +47,6 @@ rank count ever made one, before the tune stops: its ranks never get through sta
 
 POLL_S = 0.02
 STOP_GRACE_S = 5.0
-
-
-def request_path(folder: Path, index: int) -> Path:
-    """Where the parent puts a group's ``index``-th request (a :class:`WorkerSpec`)."""
-    return folder / f"request-{index}.json"
-
-
-def done_path(folder: Path, index: int) -> Path:
-    """The marker rank 0 writes once the ``index``-th result file is final."""
-    return folder / f"done-{index}"
-
-
-def stop_path(folder: Path) -> Path:
-    """The file that tells every rank of a group to exit."""
-    return folder / "stop"
 
 
 @dataclass

@@ -6,7 +6,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from autotune.records import TRIAL_TIMEOUT_S, BlockStack, MeasuredPlan, Plan, Recommendation
+from autotune.records import (
+    BlockStack,
+    MeasuredPlan,
+    Plan,
+    Recommendation,
+    TrialResult,
+)
 from autotune.records import Record as _Record
 
 SCHEMA_VERSION = 1
@@ -14,108 +20,6 @@ SCHEMA_VERSION = 1
 Outcome = Literal["ok", "oom", "timeout", "crash"]
 TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
 Role = Literal["policy", "baseline", "predicted", "search"]
-
-
-class TrialSettings(_Record):
-    """What every trial of one study shares: the model, the step counts, the budget."""
-
-    model_file: str
-    steps: int = Field(default=3, ge=1, description="measured optimizer steps")
-    warmup: int = Field(default=1, ge=0, description="optimizer steps run first and dropped")
-    device: str = Field(default="auto", description="auto, cpu or cuda")
-    device_memory: int | None = Field(default=None, description="budget per device in bytes")
-    memory_guard: int | None = Field(
-        None, description="RSS per rank above which the worker stops itself (protects the machine)"
-    )
-    timeout_s: float = Field(default=TRIAL_TIMEOUT_S, gt=0, description="hard limit per launch")
-    seed: int = 0
-    interval_width: float | None = Field(
-        default=None,
-        gt=0,
-        description="keep measuring until the median step time's interval is within this "
-        "relative half-width (0.05: +-5 %); None: exactly `steps` steps",
-    )
-    max_steps: int = Field(default=20, ge=1, description="cap on measured steps (with a width)")
-    max_measure_s: float = Field(
-        default=15.0, gt=0, description="cap on seconds of measured steps (with a width)"
-    )
-
-
-class WorkerSpec(_Record):
-    """The file a trial worker reads: the settings, the plan, where to write the result."""
-
-    settings: TrialSettings
-    plan: Plan
-    result_path: str
-    warmup_only: bool = Field(
-        default=False, description="only pay launcher start-up (comm-op compile)"
-    )
-
-
-class StepSplit(_Record):
-    """Median seconds per optimizer step, by phase (plain-torch trials only)."""
-
-    dataloader: float
-    forward: float
-    backward: float
-    optimizer: float
-
-
-class TrialResult(_Record):
-    """What rank 0 of a trial writes; ``None`` means not measured."""
-
-    completed_steps: int = 0
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    step_time: float | None = Field(default=None, description="median seconds per optimizer step")
-    step_times: list[float] = Field(default_factory=list)
-    step_interval: tuple[float, float] | None = Field(
-        default=None, description="the median step time's interval (order statistics, >= 90 %)"
-    )
-    split: StepSplit | None = None
-    peak_memory_bytes: list[int] = Field(
-        default_factory=list,
-        description="one per rank: the peak a budget check and the estimate use",
-    )
-    peak_source: str | None = Field(
-        default=None,
-        description="cuda_max_allocated; on CPU cpu_allocator (a plain torch trial, as "
-        "`autotune profile` measures) or cpu_live_tensors (DeepSpeed, FSDP2); or cpu_rss_delta "
-        "where neither could be measured",
-    )
-    live_tensor_bytes: list[int] = Field(
-        default_factory=list,
-        description="one per rank: the peak of one extra, untimed step by peak_source's CPU "
-        "measure (empty: not measured)",
-    )
-    rss_delta_bytes: list[int] = Field(
-        default_factory=list,
-        description="one per rank: process RSS growth since the model file loaded; "
-        "includes allocator caches and library memory, so larger than the peak",
-    )
-    device_memory: int | None = Field(
-        default=None, description="the budget the peak is judged against"
-    )
-    loss_first: float | None = None
-    loss_last: float | None = None
-    engine: Literal["torch", "deepspeed", "fsdp2", "none"] = "torch"
-    error: str | None = Field(
-        default=None, description="exception type and message, if the step raised"
-    )
-    first_step_at: float | None = Field(
-        default=None, description="wall clock (time.time) when the first step began"
-    )
-    steps_s: float | None = Field(
-        default=None, description="seconds of all steps run (warm-up and measured)"
-    )
-    reused: bool = Field(
-        default=False, description="whether the worker process had run a trial before this one"
-    )
-
-    @property
-    def peak(self) -> int | None:
-        """The largest per-rank peak, the figure a budget check uses."""
-        return max(self.peak_memory_bytes) if self.peak_memory_bytes else None
 
 
 class RunReport(_Record):

@@ -22,20 +22,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from autotune.records import Plan, write_record
-from autotune.search._records import RunReport, TrialResult, TrialSettings, WorkerSpec
+from autotune.records import (
+    EXTENSIONS_DIR,
+    LIFELINE_ENV,
+    EntryPoints,
+    Plan,
+    TrialResult,
+    TrialSettings,
+    WorkerSpec,
+    write_record,
+)
+from autotune.search._records import RunReport
 from autotune.search._waits import host_lock_deadline, take_flock
 
-LIFELINE_ENV = "AUTOTUNE_PARENT_PID"
-"""Names the process whose death ends the child (read by the lifeline entry point)."""
 _FOLDER = re.compile(r"(?:trial|group)-(?P<pid>\d+)-(?P<host>.+)\.[^.]+")
 TAIL_CHARS = 4000
-EXTENSIONS_DIR = Path("~/.cache/autotune-torch-extensions").expanduser()
 # A launch that dies with one of these before its first step lost a port race or a
 # rendezvous, not the plan: it is relaunched on a fresh port.
 _RENDEZVOUS = re.compile(
@@ -43,25 +48,6 @@ _RENDEZVOUS = re.compile(
     r"|rendezvous|Connection refused|connect\(\) timed out",
     re.IGNORECASE,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class EntryPoints:
-    """The processes a launch starts. The search launches them but never names them: they
-    live in a layer above it, and the composer passes that layer's ``ENTRY_POINTS`` in
-    (a test or bench may pass its own worker)."""
-
-    worker: str
-    """Module (or ``.py`` path) that runs one trial from a :class:`WorkerSpec` file."""
-    server: str
-    """Module (or ``.py`` path) of a pooled worker group that runs trials on request."""
-    lifeline: str
-    """Module that guards a launch (it dies with ``LIFELINE_ENV``'s process), then execs it."""
-
-    @staticmethod
-    def target(name: str) -> list[str]:
-        """How ``python`` starts ``name``: a ``.py`` path as a script, else ``-m`` module."""
-        return [name] if name.endswith(".py") else ["-m", name]
 
 
 class TrialRunner:

@@ -13,20 +13,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
-from autotune.records import AutotuneError, Plan, ProfileRecord
-from autotune.records import Record as _Record
+from autotune.records import (
+    PROBE_ENV,
+    PROFILE_ENV,
+    SCRIPT_SPEC_ENV,
+    AutotuneError,
+    Plan,
+    ProfileRecord,
+    ScriptProbe,
+    TrialSettings,
+)
 from autotune.search._outcome import classify_outcome, outcome_reason
-from autotune.search._records import RunReport, TrialSettings
+from autotune.search._records import RunReport
 from autotune.search._runner import SubprocessRunner
-
-SCRIPT_SPEC_ENV = "AUTOTUNE_SCRIPT_SPEC"
-"""Names the trial spec in the launched processes (the hook acts only where it is set)."""
-PROBE_ENV = "AUTOTUNE_SCRIPT_PROBE"
-"""Where a probe launch writes its :class:`ScriptProbe`."""
-PROFILE_ENV = "AUTOTUNE_SCRIPT_PROFILE"
-"""Where a probe launch writes the profile of the script's model and first batch."""
 
 ARG_KEYS: dict[str, Callable[[Plan], int]] = {
     "train_micro_batch_size_per_gpu": lambda plan: plan.micro_batch,
@@ -42,22 +43,6 @@ _FLAGS = {
                    ("--main_process_port", "--main-process-port")),
     "deepspeed": (("--num_gpus", "--num-gpus"), ("--master_port", "--master-port")),
 }  # fmt: skip
-
-
-class ScriptProbe(_Record):
-    """What one probe launch learns of the script's model before any trial."""
-
-    blocks: int = 0
-    block_stack: str | None = None
-    parameters: int | None = None
-    entry: str | None = Field(
-        default=None,
-        description="the entry point that took the plan: trainer, deepspeed, accelerate",
-    )
-    profile_error: str | None = Field(default=None, description="why there is no profile")
-    profile: ProfileRecord | None = Field(
-        default=None, description="the model and first batch profiled (None: not asked, or failed)"
-    )
 
 
 def parse_arg_map(items: Sequence[str]) -> dict[str, str]:
@@ -281,5 +266,5 @@ def _failure(report: RunReport) -> str:
     return outcome_reason(outcome, report.result, report.stderr_tail) or outcome
 
 
-__all__ = ["ARG_KEYS", "PROBE_ENV", "PROFILE_ENV", "SCRIPT_SPEC_ENV", "ScriptProbe", "ScriptRunner",
+__all__ = ["ARG_KEYS", "ScriptRunner",
            "check_command", "command_ranks", "launcher", "map_args", "parse_arg_map", "script_command"]  # fmt: skip

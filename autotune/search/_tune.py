@@ -8,12 +8,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.records import Machine, Plan, Terminated, TuneOptions, sigterm_unwinds
+from autotune.records import (
+    Machine,
+    Plan,
+    Terminated,
+    TrialSettings,
+    TuneOptions,
+    sigterm_unwinds,
+)
 from autotune.search import _shared, _study
 from autotune.search._compare import recommendation
 from autotune.search._final import final_comparison
 from autotune.search._outcome import classify_outcome, outcome_reason
-from autotune.search._records import TrialRecord, TrialSettings, TuneRecord
+from autotune.search._records import TrialRecord, TuneRecord
 from autotune.search._runner import TrialRunner
 from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
 from autotune.search._steer import predicted_front, slower_than_best

@@ -14,7 +14,7 @@ from _search import FakePool
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.records import Plan, ProfileRecord, write_record
+from autotune.records import ProfileRecord, write_record
 
 GiB = 2**30
 
@@ -50,7 +50,7 @@ def test_margin_changes_what_suggest_proposes(tmp_path: Path) -> None:
 
 
 def _tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, *extra: str) -> Any:
-    monkeypatch.setattr("autotune.api.PoolRunner", FakePool)
+    monkeypatch.setattr("autotune.api._tune.PoolRunner", FakePool)
     model = tmp_path / "model.py"
     model.write_text("# never imported: the fake runner does not build it\n")
     path, _ = _profile(tmp_path)
@@ -94,15 +94,15 @@ def test_the_cpu_default_budget_is_one_figure_for_policy_and_search(
 
     monkeypatch.setattr("autotune.records._machine.available_memory", available)
     seen: dict[str, Any] = {}
-    import autotune.api as api
+    from autotune.compose import _composition
 
-    real_policy_plan = api.policy_plan
+    real_suggest = _composition.suggest
 
-    def policy_plan(profile: ProfileRecord, **options: Any) -> Plan:
+    def suggest(profile: ProfileRecord, **options: Any) -> Any:
         seen["policy"] = options["machine"].device_memory
-        return real_policy_plan(profile, **options)
+        return real_suggest(profile, **options)
 
-    monkeypatch.setattr(api, "policy_plan", policy_plan)
+    monkeypatch.setattr(_composition, "suggest", suggest)
     tuned, trials = _tune(tmp_path, monkeypatch, "cpu", "--margin", "0.3")
     # Read once: the policy planned for the figure the search pruned against and reports.
     assert calls == [budget]

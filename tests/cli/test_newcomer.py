@@ -23,7 +23,7 @@ GiB = 2**30
 
 
 def _tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_dir: Path) -> Any:
-    monkeypatch.setattr("autotune.api.PoolRunner", FakePool)
+    monkeypatch.setattr("autotune.api._tune.PoolRunner", FakePool)
     model = tmp_path / "model.py"
     model.write_text("# never imported: the fake runner does not build it\n")
     profile = write_record(tmp_path / "p.json", synthetic_profile(device="cpu", bf16_ratio=0.5))
@@ -147,7 +147,7 @@ def test_the_readmes_python_block_calls_only_what_autotune_has() -> None:
 
 def test_tune_takes_the_head_from_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # BERT's config names its masked-LM head; --task picks another for the same config.
-    monkeypatch.setattr("autotune.api.PoolRunner", FakePool)
+    monkeypatch.setattr("autotune.api._tune.PoolRunner", FakePool)
     config = Path(__file__).resolve().parents[2] / "examples" / "zoo" / "bert.json"
     args = ["tune", "--hf-config", str(config), "--seq-len", "16", "--task",
             "sequence-classification", "--global-batch", "4", "--device", "cpu", "--trials", "1",

@@ -19,7 +19,7 @@ from autotune.emit import code_changes_for, hf_training_arguments
 from autotune.records import AutotuneError, CodeChange, Plan, Recommendation, parse_plan
 
 
-@pytest.mark.parametrize("module", [autotune.emit._changes, autotune.api])
+@pytest.mark.parametrize("module", [autotune.emit._changes, autotune.api._configs])
 def test_docstring_examples_run(module: Any) -> None:
     result = doctest.testmod(module, extraglobs={"Plan": Plan}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -20,8 +20,8 @@ import psutil
 import pytest
 from _processes import gone_within
 
+from autotune.records import LIFELINE_ENV
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
-from autotune.search._runner import LIFELINE_ENV
 
 LIFELINE_MODULE = ENTRY_POINTS.lifeline
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.api import deepspeed_config
-from autotune.api_scripts import NO_PROFILE, tune_script
+from autotune.api import NO_PROFILE, deepspeed_config, tune_script
 from autotune.records import Machine, Plan, TuneOptions
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.runtime.trial.script import HOOK_DIR
@@ -173,7 +172,7 @@ def test_tune_each_script_on_two_ranks_and_its_config_trains_it(case: str, tmp_p
 def test_profile_of_a_script_is_the_model_files_profile(tmp_path: Path) -> None:
     """``autotune profile -- COMMAND`` profiles the script's own model and first batch in its
     process; the model file of the same model, profiled the usual way, is the reference."""
-    from autotune.api_scripts import profile_script
+    from autotune.api import profile_script
     from autotune.runtime.profiler import profile
 
     script = profile_script(DS_SCRIPT, batch_size=2, steps=2, warmup=1, device="cpu",

@@ -7,6 +7,7 @@ import contextlib
 import time
 from typing import Any
 
+from autotune.records import TrialResult, WorkerSpec
 from autotune.runtime.trial.steps import (
     Steps,
     cuda_peak,
@@ -15,7 +16,6 @@ from autotune.runtime.trial.steps import (
     ranks,
     tensors_on,
 )
-from autotune.search import TrialResult, WorkerSpec
 
 
 def _cast_floats(batch: Any, dtype: Any) -> Any:

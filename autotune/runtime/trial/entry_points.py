@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.search import EntryPoints
+from autotune.records import EntryPoints
 
 ENTRY_POINTS = EntryPoints(
     worker="autotune.runtime.trial.worker",

@@ -22,11 +22,18 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.records import read_record, write_record
+from autotune.records import (
+    TrialResult,
+    WorkerSpec,
+    done_path,
+    read_record,
+    request_path,
+    stop_path,
+    write_record,
+)
 from autotune.runtime.trial.lifeline import die_with_parent
 from autotune.runtime.trial.steps import MemoryWatch, ranks, shut_down
 from autotune.runtime.trial.worker import _iter_lines, run_trial
-from autotune.search import TrialResult, WorkerSpec, done_path, request_path, stop_path
 
 POLL_S = 0.02
 IDLE_S = 1800.0

@@ -13,8 +13,13 @@ from typing import Any
 
 import psutil
 
-from autotune.records import median_interval, relative_half_width
-from autotune.search import GUARD_EXIT, TrialResult, WorkerSpec
+from autotune.records import (
+    GUARD_EXIT,
+    TrialResult,
+    WorkerSpec,
+    median_interval,
+    relative_half_width,
+)
 
 
 class MemoryWatch:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.records import read_record, write_record
+from autotune.records import StepSplit, TrialResult, WorkerSpec, read_record, write_record
 from autotune.runtime.trial.deepspeed_engine import deepspeed_trial, warm_launcher
 from autotune.runtime.trial.lifeline import die_with_parent
 from autotune.runtime.trial.steps import (
@@ -23,7 +23,6 @@ from autotune.runtime.trial.steps import (
     shut_down,
     tensors_on,
 )
-from autotune.search import StepSplit, TrialResult, WorkerSpec
 
 __all__ = ["MemoryWatch", "main", "run_trial"]
 

@@ -20,8 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autotune.records import read_record, write_record
-from autotune.search import StepSplit, TrialResult, WorkerSpec
+from autotune.records import StepSplit, TrialResult, WorkerSpec, read_record, write_record
 
 _TRIAL: ScriptTrial | None = None
 _CRASHED = False
@@ -229,8 +228,8 @@ class ScriptTrial:
         self._exit(shut_down)
 
     def _finish_probe(self, batch: dict[str, Any]) -> None:
+        from autotune.records import PROBE_ENV, PROFILE_ENV
         from autotune.runtime.trial.steps import ranks, shut_down
-        from autotune.search import PROBE_ENV, PROFILE_ENV
 
         if os.environ.get(PROFILE_ENV) and ranks()[0] == 0:
             self._profile(batch, Path(os.environ[PROFILE_ENV]))
@@ -292,8 +291,8 @@ class ScriptTrial:
 
 def probe_info(model: Any) -> Any:
     """What the composer learns from the probe launch: the block stack and the parameters."""
+    from autotune.records import ScriptProbe
     from autotune.runtime._blocks import find_block_stack
-    from autotune.search import ScriptProbe
 
     found = find_block_stack(model)
     return ScriptProbe(

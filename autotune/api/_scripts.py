@@ -1,5 +1,5 @@
-"""The composer for script trials: ``autotune tune -- COMMAND`` wires the user's own launch
-command, the start-up hook (runtime) and the search, as :mod:`autotune.api` does for model files.
+"""Script trials from Python: ``autotune tune -- COMMAND`` wires the user's own launch command,
+the start-up hook (runtime) and the search, composed as a model file's tune is.
 
 Runtime modules are imported inside the functions, so importing this module imports no torch.
 """
@@ -12,13 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api import default_guard, make_predict
+from autotune import compose
+from autotune.api._common import default_guard
 from autotune.emit import code_changes_for
-from autotune.policy import policy_plan
 from autotune.records import (
     AutotuneError,
     Machine,
     Plan,
+    ProfileOptions,
     ProfileRecord,
     TuneOptions,
     read_record,
@@ -150,13 +151,13 @@ def tune_script(
     record = saved or (probe.profile if probe is not None else None)
     policy, predict, notes = None, None, [NO_PROFILE]
     if record is not None:
-        machine = machine.with_default_budget(record)
+        composition = compose.compose(record, machine=machine, global_batch=options.global_batch,
+                                      policy_path=options.policy_path)  # fmt: skip
+        machine = composition.machine
         settings = trial_settings(label, options, machine, default_guard(machine.gpus_per_node))
-        policy, notes = _injectable(
-            policy_plan(record, machine=machine, global_batch=options.global_batch,
-                        policy_path=options.policy_path), probe,
-        )  # fmt: skip
-        predict = make_predict(record, machine)
+        assert composition.policy is not None
+        policy, notes = _injectable(composition.policy, probe)
+        predict = composition.prediction
 
     def changes(plan: Plan) -> list[Any]:
         return code_changes_for(plan, block_stack_path=stack, num_blocks=blocks or None,
@@ -173,8 +174,9 @@ def tune_script(
 
 
 def profile_script(
-    command: Sequence[str], *, batch_size: int, steps: int = 3, warmup: int = 1,
-    device: str = "auto", arg_map: Sequence[str] | Mapping[str, str] = (),
+    command: Sequence[str], *, batch_size: int, steps: int = ProfileOptions.steps,
+    warmup: int = ProfileOptions.warmup,
+    device: str = ProfileOptions.device, arg_map: Sequence[str] | Mapping[str, str] = (),
     timeout_s: float = 600.0,
 ) -> ProfileRecord:  # fmt: skip
     """``autotune profile -- COMMAND``: the profiler's record of the model the script builds, fed

@@ -1,0 +1,147 @@
+"""Where a composition's facts come from: a profile of real steps (with the precisions it did not
+run traced beside it), or a trace of the model file alone. Runtime is imported inside the
+functions, so importing this module imports no torch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from autotune.estimator import ModelFacts
+from autotune.records import (
+    AUTOCAST_PLAN_PRECISION,
+    SHORT_PROFILE_STEPS,
+    SHORT_PROFILE_WARMUP,
+    TIME_PROFILE_STEPS,
+    ActivationRecord,
+    AutotuneError,
+    Machine,
+    ProfileRecord,
+    available_memory,
+)
+
+TRACED_PRECISIONS = ("fp32", "amp_bf16", "bf16")
+"""The plan precisions a profile carries figures of (measured for its own, traced for the
+others): the ones the policy and the search choose between (fp16's match bf16's)."""
+
+SHORT_BATCH = 2
+"""The short profile's micro-batch at most; a second one at up to 4x it fits the step time."""
+
+
+def profile_model(model_path: str | Path, *, trace: bool = True, **options: Any) -> ProfileRecord:
+    """:func:`autotune.runtime.profiler.profile` of the model file, with the activation figures
+    of every plan precision it did not run traced on fake tensors beside the measured ones
+    (``memory.traced``), so every road that later reads the record predicts those plans alike.
+
+    Args:
+        trace: trace the other precisions (seconds on fake tensors; nothing allocated).
+        **options: the profiler's keyword arguments (batch size, steps, device, ...).
+    """
+    from autotune.runtime.profiler import profile
+
+    record = profile(model_path, **options)
+    if not trace:
+        return record
+    report = options.get("progress") or (lambda phase, done, total: None)
+    report("trace", 0, 1)  # the other precisions, on fake tensors
+    record = with_traced(record, model_path)
+    report("trace", 1, 1)
+    return record
+
+
+def with_traced(record: ProfileRecord, model_path: str | Path) -> ProfileRecord:
+    """``record`` with the figures of the precisions it lacks traced from ``model_path`` (kept
+    as they are where no trace path can run: the estimate then derives them by formula, and
+    its note says so)."""
+    measured = AUTOCAST_PLAN_PRECISION[record.config.precision]
+    wanted = tuple(p for p in TRACED_PRECISIONS if p != measured and p not in record.memory.traced)
+    if not wanted:
+        return record
+    from autotune.runtime.trace import traced_activations
+
+    try:
+        specs = traced_activations(model_path, wanted)
+    except AutotuneError:  # the trace's limit; the profile itself ran
+        return record
+    traced = {**record.memory.traced,
+              **{k: ActivationRecord.model_validate(v.model_dump()) for k, v in specs.items()}}  # fmt: skip
+    return record.model_copy(update={"memory": record.memory.model_copy(update={"traced": traced})})
+
+
+def short_profiles(
+    model_path: str | Path, per_rank: int, device: str
+) -> tuple[ProfileRecord, ProfileRecord | None]:
+    """Two short profiles of a model file: at micro-batch ``min(2, per_rank)`` (traced beside,
+    :func:`profile_model`), and at up to 4x that where the per-rank batch is larger (``None``
+    otherwise), so the step-time model splits each phase into a fixed part per micro-batch and
+    a part per sample, which is what ranks micro-batches of one global batch."""
+    first = profile_model(model_path, batch_size=min(SHORT_BATCH, per_rank),
+                          steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
+                          device=device)  # fmt: skip
+    batch = min(per_rank, 4 * first.config.batch_size)
+    if batch <= first.config.batch_size:
+        return first, None
+    second = profile_model(model_path, trace=False, batch_size=batch, steps=TIME_PROFILE_STEPS,
+                           warmup=SHORT_PROFILE_WARMUP, device=device)  # fmt: skip
+    return first, second
+
+
+def profiled_model(record: ProfileRecord) -> Path | None:
+    """The model file a profile ran, where it is still there and unchanged (its sha256)."""
+    import hashlib
+
+    provenance = record.provenance
+    path = Path(provenance.model_file)
+    try:
+        same = hashlib.sha256(path.read_bytes()).hexdigest() == provenance.model_sha256
+    except OSError:
+        return None
+    return path if same else None
+
+
+def completed(record: ProfileRecord, model_path: str | Path | None = None) -> ProfileRecord:
+    """A saved profile with the precisions it lacks traced from its model file (``model_path``,
+    else the file it names, where unchanged): an older record, or one of a script."""
+    path = model_path or profiled_model(record)
+    return record if path is None else with_traced(record, path)
+
+
+def model_file_facts(
+    model_path: str | Path, precisions: tuple[str, ...], device: str = "auto"
+) -> ModelFacts:
+    """The model-file road: every static fact a profile records (parameter sizes in order, tied
+    parameters, the optimizer's step path, the block stack) and a whole step traced on fake
+    tensors, for plans running on ``device`` (``auto``: a GPU if this machine has one)."""
+    from autotune.runtime.trace import device_type, facts_from_model_file
+
+    facts = facts_from_model_file(model_path, precisions=precisions)
+    return facts.model_copy(update={"device_type": device_type(device)})
+
+
+def hf_config_facts(
+    config: str | Path, seq_len: int, precisions: tuple[str, ...], task: str | None,
+    device: str = "auto",
+) -> tuple[ModelFacts, bool]:  # fmt: skip
+    """The model-file road for a transformers config (cached by its bytes); whether it was a
+    cache hit."""
+    from autotune.runtime.trace import device_type
+    from autotune.runtime.trace_cache import facts_from_hf_config_cached
+
+    facts, hit = facts_from_hf_config_cached(config, seq_len, precisions, task)
+    return facts.model_copy(update={"device_type": device_type(device)}), hit
+
+
+def default_budget(machine: Machine, device: str = "auto") -> Machine:
+    """``machine`` with the default device's budget where none was given, for a road with no
+    profile: the GPU's memory where plans run on one this machine has, this machine's available
+    memory where they run on its CPU; unchanged (no budget) for a GPU this machine lacks."""
+    if machine.device_memory is not None:
+        return machine if machine.budget_source else replace(machine, budget_source="given")
+    from autotune.runtime.trace import device_memory, device_type
+
+    if device_type(device) == "cpu":
+        return replace(machine, device_memory=available_memory(), budget_source="available_ram")
+    memory = device_memory(device)
+    return machine if memory is None else replace(machine, device_memory=memory,
+                                                  budget_source="device")  # fmt: skip
