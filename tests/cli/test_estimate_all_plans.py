@@ -4,6 +4,7 @@ the best marked, and ``--top N``; checked against the JSON record of the same es
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,3 +99,43 @@ def test_a_bare_number_is_refused_with_one_line(args: list[str]) -> None:
     result = runner.invoke(app, [*args[:-1], "80"])
     assert result.exit_code == 2
     assert result.stderr.strip() == "autotune: --device-memory 80: give a unit, e.g. 80GiB or 80GB"
+
+
+
+SEVENTY_B = ["estimate", "--hf-config", "examples/configs/llama3_70b.json", "--seq-len", "4096",
+             "--batch-size", "1", "--nproc-per-node", "8", "--nnodes", "4", "--all-plans"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("device", "judged"), [("cpu", True), ("cuda", False)], ids=["this-cpu", "a-gpu-not-here"]
+)
+def test_without_a_budget_no_plan_over_the_default_device_is_marked_best(
+    device: str, judged: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's case: a 70B model on 4 x 8 devices with no --device-memory once marked fp32
+    micro-batch 1 without ZeRO best at 1059 GiB per device. The budget is now the default
+    device's (this CPU's available memory, independently read here), and where none is known
+    (a GPU this machine lacks) nothing is marked best."""
+    import psutil
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    if device == "cuda":
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    shown = runner.invoke(app, [*SEVENTY_B, "--device", device])
+    assert shown.exit_code == 0, shown.output
+    record = json.loads(runner.invoke(app, [*SEVENTY_B, "--device", device, "--json"]).stdout)
+    by_plan = {Plan.model_validate(e["plan"]): e for e in record["plans"]}
+    starred = [row for row in _rows(shown.stdout) if row[0] == "*"]
+    if not judged:
+        assert record["device_memory_bytes"] is None and not starred
+        assert "no plan is marked best" in shown.stdout
+        return
+    available = psutil.virtual_memory().available
+    assert record["budget_source"] == "available_ram"
+    assert abs(record["device_memory_bytes"] - available) < 0.2 * available
+    for row in starred:
+        estimate = by_plan[_plan(row[1]).with_changes(nodes=4)]
+        assert estimate["memory"]["peak"] <= record["device_memory_bytes"] * (1 - record["margin"])
+    fp32_plain = next(e for p, e in by_plan.items() if p.precision == "fp32" and p.zero_stage == 0
+                      and p.micro_batch == 1 and p.checkpoint_blocks == 0)  # fmt: skip
+    assert fp32_plain["fits"] is False
