@@ -101,6 +101,7 @@ def config(
             atomic_write_text(out, text)
         if as_json or out is None:
             sys.stdout.write(text)
+        if as_json:
             return
         changes = rec.code_changes or code_changes_for(rec.plan)
         _render_summary(out, rec.plan.describe(), result, changes, framework)
@@ -206,23 +207,32 @@ def _capabilities(path: Path) -> Any:
 
 
 def _render_summary(
-    out: Path, plan: str, result: dict[str, Any], changes: list[Any], framework: str
+    out: Path | None, plan: str, result: dict[str, Any], changes: list[Any], framework: str
 ) -> None:
+    """What the config means and the code changes it cannot carry: on stdout beside a written
+    file, on stderr after a config printed to stdout (so the JSON still pipes alone)."""
+    where = console if out is not None else err_console
     zero = result.get("zero_optimization", {})
-    console.print(f"wrote {out}  (plan {plan})", markup=False, soft_wrap=True)
-    console.print(
-        f"  train_batch_size {result.get('train_batch_size')} = micro-batch "
-        f"{result.get('train_micro_batch_size_per_gpu')} x accumulation "
-        f"{result.get('gradient_accumulation_steps')} x world size; ZeRO stage {zero.get('stage', 0)}",
+    micro, accum = (
+        result.get("train_micro_batch_size_per_gpu"),
+        result.get("gradient_accumulation_steps"),
+    )
+    total = result.get("train_batch_size")
+    world = total // (micro * accum) if isinstance(total, int) and micro and accum else "?"
+    head = f"wrote {out}  (plan {plan})" if out is not None else f"the config above: plan {plan}"
+    where.print(head, markup=False, soft_wrap=True)
+    where.print(
+        f"  train_batch_size {total} = micro-batch {micro} x accumulation {accum} x "
+        f"world size {world}; ZeRO stage {zero.get('stage', 0)}",
         markup=False,
         soft_wrap=True,
     )
     for change in changes:
         lines = getattr(change, framework)
         if lines:
-            console.print(f"\n# {change.what} ({framework}):", markup=False, soft_wrap=True)
-            shown = lines.replace('"ds_config.json"', json.dumps(str(out)))
-            console.print(shown, markup=False, soft_wrap=True)
+            where.print(f"\n# {change.what} ({framework}):", markup=False, soft_wrap=True)
+            shown = lines.replace('"ds_config.json"', json.dumps(str(out or "ds_config.json")))
+            where.print(shown, markup=False, soft_wrap=True)
     err_console.print(
         "(code changes travel beside the config: it cannot carry them)",
         markup=False,

@@ -357,7 +357,8 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
     reference = _reference(record)
     best = _best(rows, reference) if ranked_rows else None
     columns = [*(["best"] if ranked_rows else []), "plan", "params", "grads", "optim", "act"]
-    columns += ["peak", "fits", "time", "speed", "comm"] + (["days"] if record.train_tokens else [])
+    columns += ["peak", "fits", "time", "speed", f"comm {unit}/step"]
+    columns += ["days"] if record.train_tokens else []
     shown = rows[:top]
     widest = max(len(_short(est.plan)) for est in shown)
     for name in columns:

@@ -84,13 +84,17 @@ def render(record: object) -> None:
     assert isinstance(record, SuggestRecord)
     console.print(f"baseline plan: {record.baseline.describe()}", soft_wrap=True)
     console.print(f"policy: {record.policy}", soft_wrap=True)
+    console.print(_budget(record), soft_wrap=True, markup=False)
     if not record.suggestions:
         console.print("nothing to suggest: no rule of the policy applies to this profile")
+    previous = record.baseline
     for index, item in enumerate(record.suggestions, 1):
         title = "next change" if index == 1 else f"then {index}"
         change = ", ".join(f"{knob}={_show(value)}" for knob, value in item.change.items())
-        evidence = ", ".join(
-            f"{name}={_show(fact.value)} ({fact.source})" for name, fact in item.evidence.items()
+        evidence = "; ".join(
+            f"{_LABELS.get(name, name.replace('_', ' '))} {_show(fact.value)} "
+            f"({'not given' if fact.value is None and fact.source == 'given' else _SOURCES.get(fact.source, fact.source)})"
+            for name, fact in item.evidence.items()
         )
         lines = [
             f"[bold]{title}: {item.rule}[/bold]: {change}",
@@ -98,6 +102,10 @@ def render(record: object) -> None:
             f"  predicted: {_predicted(item.predicted)}",
             f"  why: {item.reason}",
         ]
+        switched = _precision_switch(item.change, previous)
+        if switched:
+            lines.append(f"  note: {switched}")
+        previous = item.plan
         if item.fsdp2_alternative:
             lines.append(
                 f"  or with PyTorch's FSDP2: {item.fsdp2_alternative} "
@@ -116,7 +124,7 @@ def _predicted(pred: object) -> str:
     memory = f"peak {format_bytes(pred.peak_bytes_before)} -> {format_bytes(pred.peak_bytes_after)}"
     if pred.fits_after is not None:
         memory += ", fits" if pred.fits_after else ", does not fit"
-    memory += f" ({pred.memory_source})"
+    memory += f" (predicted from {pred.memory_source} activations)"
     if pred.step_time_ratio is None:
         return f"{memory}; step time not predicted"
     # The estimate scales measured phase times: a prediction, though from measured numbers.
@@ -134,3 +142,80 @@ def _show(value: object) -> str:
     if isinstance(value, int) and value >= 2**20:
         return format_bytes(value)
     return str(value)
+
+
+_LABELS = {
+    "precision": "precision",
+    "fast_bf16": "fast bf16 matmul",
+    "bf16_speed_ratio": "bf16 matmul speed over fp32",
+    "bf16_supported": "bf16 supported",
+    "fp16_supported": "fp16 supported",
+    "device_type": "device",
+    "device_memory": "budget per device",
+    "has_block_stack": "a repeated block stack",
+    "block_count": "blocks in the stack",
+    "fits": "fits the budget",
+    "peak_bytes": "predicted peak",
+    "headroom": "headroom (share of the budget)",
+    "activation_share": "activations' share of the peak",
+    "model_state_share": "model states' share of the peak",
+    "checkpoint_blocks_to_fit": "fewest checkpointed blocks that fit",
+    "checkpoint_micro_batch": "larger micro-batch checkpointing buys",
+    "checkpoint_micro_batch_blocks": "blocks it needs checkpointed",
+    "checkpoint_micro_batch_ratio": "its step time over the fastest plan without checkpointing",
+    "micro_batch_to_fit": "largest micro-batch that fits",
+    "micro_batch_for_global_batch": "largest micro-batch that keeps the global batch and fits",
+    "target_global_batch": "target global batch",
+    "global_batch": "global batch",
+    "world_size": "ranks",
+    "nodes": "nodes",
+    "gpus_per_node": "ranks per node",
+    "inter_gbps": "link between nodes (Gbit/s)",
+    "input_share": "share of the step waiting for data",
+    "is_transformer": "a transformer",
+    "sdpa_available": "PyTorch SDPA available",
+    "flash_attn_available": "flash-attn installed",
+    "compute_capability": "CUDA compute capability",
+    "zero_stage": "ZeRO stage",
+    "micro_batch": "micro-batch",
+    "grad_accum": "gradient accumulation",
+    "checkpoint_blocks": "checkpointed blocks",
+    "dataloader_workers": "DataLoader workers",
+    "pin_memory": "pinned batches",
+    "attention": "attention kernel",
+    "compile": "torch.compile",
+    "offload_optimizer": "optimizer offload",
+    "offload_param": "parameter offload",
+    "step_time_ratio": "predicted step time over the baseline's",
+    "amp_peak_ratio": "predicted peak under bf16 autocast over now",
+}
+"""The policy's facts in the words a DeepSpeed or PyTorch user reads (``--json`` keeps the names)."""
+_SOURCES = {"formula": "predicted", "plan": "current plan"}
+
+
+def _budget(record: object) -> str:
+    """The budget the advice was judged against, and the usable part after the margin."""
+    from autotune.policy import SuggestRecord
+
+    assert isinstance(record, SuggestRecord)
+    budget = record.device_memory_bytes
+    if budget is None:
+        return "budget: none given or known (--device-memory): nothing judged to fit"
+    where = {"given": "given", "device": "the GPU's memory",
+             "available_ram": "this machine's available memory"}.get(record.budget_source or "", "given")  # fmt: skip
+    usable = budget * (1 - record.margin)
+    return (f"budget: {format_bytes(budget)} per device ({where}); usable {format_bytes(usable)} "
+            f"after the {record.margin:.0%} margin")  # fmt: skip
+
+
+def _precision_switch(change: dict[str, object], before: object) -> str | None:
+    """A line naming a switch between torch autocast and 16-bit weights, which a rule makes
+    as a side effect of its own change (ZeRO needs DeepSpeed's bf16)."""
+    new = change.get("precision")
+    old = getattr(before, "precision", None)
+    if not isinstance(new, str) or not isinstance(old, str) or new == old:
+        return None
+    if old.startswith("amp_") and not new.startswith("amp_"):
+        return (f"precision {old} -> {new}: torch autocast over fp32 weights becomes DeepSpeed's "
+                f"{new} (16-bit weights and gradients, fp32 master copies in the optimizer)")  # fmt: skip
+    return None

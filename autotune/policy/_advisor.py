@@ -211,7 +211,7 @@ def _predict(builder: FactBuilder, before: Facts, plan: Plan, after: Plan) -> Pr
         peak_bytes_after=est_after.memory.peak,
         fits_after=est_after.fits,
         step_time_ratio=ratio,
-        memory_source="formula",
+        memory_source=est_after.source,
         time_source=time_source,
     )
 
