@@ -17,7 +17,7 @@ DEVICE = typer.Option(
 DEVICE_MEMORY = typer.Option(
     None,
     "--device-memory",
-    help="Memory each device may use, with a unit: 80GiB (as GPUs are sold) or 80GB (10^9 B). "
+    help="Memory each device may use, with a unit: 80GiB or 80Gi (2^30 B), 80GB or 80G (10^9 B). "
     "Default: the profiled GPU's; on a CPU, this machine's available memory.",
 )
 MARGIN = typer.Option(

@@ -74,7 +74,9 @@ def estimate_command(
         None, "--top", min=1, help="Show only the first N rows of the table (the JSON keeps all)."
     ),
     train_tokens: str | None = typer.Option(
-        None, "--train-tokens", help="Token budget, e.g. 300B."
+        None,
+        "--train-tokens",
+        help="Token budget, e.g. 300B (B: billions here; in sizes B is bytes).",
     ),
     mfu: float | None = typer.Option(
         None, "--mfu", max=1.0, callback=above(0), help="Assumed MFU for days."

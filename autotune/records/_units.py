@@ -16,6 +16,15 @@ _BYTE_UNITS = {
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    # the same without the B, as `free -h` and Kubernetes write them (G = GB, Gi = GiB)
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
 }
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -34,9 +43,11 @@ def _split(text: str, units: dict[str, int], flag: str) -> float:
 
 
 def parse_bytes(text: str, flag: str = "size") -> int:
-    """Read a size such as ``80GB``, ``80GiB`` or ``512MiB`` as bytes (GB = 10**9, GiB = 2**30).
+    """Read a size such as ``80GB``, ``80GiB`` or ``512MiB`` as bytes (GB = 10**9, GiB = 2**30;
+    any case; the B may be left out: ``80G`` is 80 GB, ``80Gi`` 80 GiB).
 
-    A bare number is refused: ``80`` could be bytes, GB or GiB, which differ by 7%.
+    A bare number is refused: ``80`` could be bytes, GB or GiB, which differ by 7%. (In a count
+    such as ``--train-tokens 300B`` the B is billions: a count has no bytes.)
 
     Raises:
         AutotuneError: no unit, an unknown unit, or not positive; the message names ``flag``.
@@ -48,7 +59,7 @@ def parse_bytes(text: str, flag: str = "size") -> int:
     if not match or match.group(2).lower() not in _BYTE_UNITS:
         raise AutotuneError(
             f"{flag}: cannot read {text!r} (a number and a unit: B, kB, MB, GB, TB, "
-            "KiB, MiB, GiB, TiB)"
+            "KiB, MiB, GiB, TiB; or k, M, G, T, Ki, Mi, Gi, Ti)"
         )
     value = float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
     if value <= 0:

@@ -17,7 +17,18 @@ from autotune.records import (
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("512MiB", 512 * 2**20), ("3GiB", 3 * 2**30)],
+    [
+        ("80GB", 80 * 10**9),
+        ("80GiB", 80 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("3GiB", 3 * 2**30),
+        ("80gb", 80 * 10**9),
+        ("80G", 80 * 10**9),
+        ("80Gi", 80 * 2**30),
+        ("1.5T", 1_500 * 10**9),
+        ("512Mi", 512 * 2**20),
+        ("64k", 64_000),
+    ],
 )
 def test_sizes_read_decimal_and_binary_units(text: str, expected: int) -> None:
     assert parse_bytes(text) == expected
