@@ -84,9 +84,12 @@ def machine(
     nnodes: int = Machine.nodes,
     inter_gbps: float | None = None,
     intra_gbps: float | None = None,
+    pcie_gbps: float | None = None,
+    host_memory: str | None = None,
 ) -> Machine:
     """The :class:`Machine` the shared options describe (the budget parsed, unit required)."""
     budget = parse_bytes(device_memory, "--device-memory") if device_memory else None
+    host = parse_bytes(host_memory, "--host-memory") if host_memory else None
     return Machine(device=device or Machine.device, device_memory=budget, margin=margin,
                    gpus_per_node=nproc_per_node, nodes=nnodes, inter_gbps=inter_gbps,
-                   intra_gbps=intra_gbps)  # fmt: skip
+                   intra_gbps=intra_gbps, pcie_gbps=pcie_gbps, host_memory=host)  # fmt: skip

@@ -61,6 +61,15 @@ def estimate_command(
         None, "--intra-gbps", callback=above(0), help="Gbit/s in a node."
     ),
     inter_gbps: float | None = _options.INTER_GBPS,
+    pcie_gbps: float | None = typer.Option(
+        None, "--pcie-gbps", callback=above(0), help="Host-device link, Gbit/s (offload time)."
+    ),
+    host_memory: str | None = typer.Option(
+        None,
+        "--host-memory",
+        help="Host RAM per node an offloaded plan may take, with a unit (e.g. 512GiB); "
+        "default: this machine's available memory.",
+    ),
     plan: list[str] = typer.Option(
         [], "--plan", help="Knobs, e.g. stage=2,mb=4,ckpt=12 (repeatable)."
     ),
@@ -116,7 +125,8 @@ def estimate_command(
         machine = _options.machine(device_memory=device_memory, margin=margin,
                                    nproc_per_node=nproc_per_node, nnodes=nnodes,
                                    inter_gbps=inter_gbps, intra_gbps=intra_gbps,
-                                   device=device or "auto")  # fmt: skip
+                                   device=device or "auto", pcie_gbps=pcie_gbps,
+                                   host_memory=host_memory)  # fmt: skip
         checks = [read_check(text) for text in check]
         profile = profiles[0] if profiles else None
         base, ckpt_all = _base_plan(batch_size, autocast, checkpointing, profile)
@@ -352,14 +362,16 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
     )
     title = (
         f"{record.model}: {format_count(record.parameters)} parameters, L={record.num_layers}, "
-        f"{_devices(record)}, device memory {budget} (margin {record.margin:.0%}); {unit} per device"
+        f"{_devices(record)}, device memory {budget} (margin {record.margin:.0%}); every size in "
+        f"{unit}: per device, host RAM per node, bytes communicated per step"
     )
     table = Table(title=title, show_header=True, header_style="bold")
     rows = ranked(record) if ranked_rows else list(record.plans)
     reference = _reference(record)
     best = _best(rows, reference) if ranked_rows else None
     columns = [*(["best"] if ranked_rows else []), "plan", "params", "grads", "optim", "act"]
-    columns += ["peak", "fits", "time", "speed", f"comm {unit}/step"]
+    hosted = any(est.host_bytes_per_node for est in record.plans)
+    columns += ["peak", *(["host/node"] if hosted else []), "fits", "time", "speed", "comm/step"]
     columns += ["days"] if record.train_tokens else []
     shown = rows[:top]
     widest = max(len(_short(est.plan)) for est in shown)
@@ -382,6 +394,7 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
             size(mem.optimizer_states),
             size(mem.activations + mem.autocast_weight_copies),
             size(mem.peak),
+            *([size(est.host_bytes_per_node)] if hosted else []),
             fits,
             _ratio(est.predicted_step_time_ratio),
             _ratio(relative_throughput(est, reference)),

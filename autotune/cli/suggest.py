@@ -25,6 +25,15 @@ def suggest_command(
     nproc_per_node: int = _options.NPROC_PER_NODE,
     nnodes: int = _options.NNODES,
     inter_gbps: float | None = _options.INTER_GBPS,
+    pcie_gbps: float | None = typer.Option(
+        None, "--pcie-gbps", min=0.001, help="Host-device link, Gbit/s (offload time)."
+    ),
+    host_memory: str | None = typer.Option(
+        None,
+        "--host-memory",
+        help="Host RAM per node an offloaded plan may take, with a unit (e.g. 512GiB); "
+        "default: this machine's available memory.",
+    ),
     global_batch: int | None = typer.Option(
         None,
         "--global-batch",
@@ -60,7 +69,8 @@ def suggest_command(
             raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(known)}")
         machine = _options.machine(device_memory=device_memory, margin=margin,
                                    nproc_per_node=nproc_per_node, nnodes=nnodes,
-                                   inter_gbps=inter_gbps)  # fmt: skip
+                                   inter_gbps=inter_gbps, pcie_gbps=pcie_gbps,
+                                   host_memory=host_memory)  # fmt: skip
         record = suggest(
             read_record(profile, ProfileRecord, "profile"),
             machine=machine,
@@ -125,6 +135,19 @@ def _predicted(pred: object) -> str:
     if pred.fits_after is not None:
         memory += ", fits" if pred.fits_after else ", does not fit"
     memory += f" (predicted from {pred.memory_source} activations)"
+    if pred.host_bytes_after:
+        fits = {True: ", fits", False: ", does not fit", None: ""}[pred.host_fits_after]
+        memory += f"; host RAM {format_bytes(pred.host_bytes_after)} per node{fits}"
+    if pred.offload_bytes_per_step:
+        seconds = (
+            f"{pred.offload_seconds:.3f} s"
+            if pred.offload_seconds is not None
+            else "time not included: give --pcie-gbps"
+        )
+        memory += (
+            f"; offload moves {format_bytes(pred.offload_bytes_per_step)} per step over the "
+            f"host link ({seconds})"
+        )
     if pred.step_time_ratio is None:
         return f"{memory}; step time not predicted"
     # The estimate scales measured phase times: a prediction, though from measured numbers.

@@ -137,11 +137,15 @@ def default_budget(machine: Machine, device: str = "auto") -> Machine:
     profile: the GPU's memory where plans run on one this machine has, this machine's available
     memory where they run on its CPU; unchanged (no budget) for a GPU this machine lacks."""
     if machine.device_memory is not None:
-        return machine if machine.budget_source else replace(machine, budget_source="given")
+        given = machine if machine.budget_source else replace(machine, budget_source="given")
+        return given.with_host_memory()
     from autotune.runtime.trace import device_memory, device_type
 
-    if device_type(device) == "cpu":
-        return replace(machine, device_memory=available_memory(), budget_source="available_ram")
+    if device_type(device) == "cpu":  # one reading: the host is the device here
+        free = available_memory()
+        return replace(machine, device_memory=free, budget_source="available_ram",
+                       host_memory=machine.host_memory or free)  # fmt: skip
     memory = device_memory(device)
+    machine = machine.with_host_memory()
     return machine if memory is None else replace(machine, device_memory=memory,
                                                   budget_source="device")  # fmt: skip

@@ -26,6 +26,8 @@ from autotune.estimator._estimator import (
     PlanEstimate,
     estimate,
     estimate_plan,
+    host_bytes_per_node,
+    offload_seconds,
     plan_grid,
 )
 from autotune.estimator._modelfacts import (
@@ -37,6 +39,7 @@ from autotune.estimator._modelfacts import (
     fit_step_time,
     with_activations,
 )
+from autotune.estimator._offload import HostBytes, host_bytes_per_rank
 from autotune.estimator._peakmodel import (
     CATEGORIES,
     moments,
@@ -51,14 +54,15 @@ from autotune.estimator._zero import (
 __all__ = [
     "ActivationSpec",
     "BUCKET_SIZE",
-    "STAGE3_PERSISTENCE_THRESHOLD",
     "CATEGORIES",
     "Claim",
     "ClaimCheck",
     "EstimateRecord",
+    "HostBytes",
     "ModelFacts",
     "PEAK_DTYPE",
     "PlanEstimate",
+    "STAGE3_PERSISTENCE_THRESHOLD",
     "Source",
     "TracedMoment",
     "bucket_elements",
@@ -67,8 +71,11 @@ __all__ = [
     "estimate_plan",
     "facts_from_profile",
     "fit_step_time",
+    "host_bytes_per_node",
+    "host_bytes_per_rank",
     "moments",
     "offload_bytes_per_step",
+    "offload_seconds",
     "plan_grid",
     "table_peak_flops",
     "train_days",

@@ -23,6 +23,7 @@ from autotune.estimator._modelfacts import (
     facts_from_profile,
     fit_step_time,
 )
+from autotune.estimator._offload import host_bytes_per_rank
 from autotune.estimator._peakmodel import predict_peak
 from autotune.records import Machine, Plan
 from autotune.records import Record as _Record
@@ -39,6 +40,8 @@ __all__ = [
     "estimate_plan",
     "facts_from_profile",
     "fit_step_time",
+    "host_bytes_per_node",
+    "offload_seconds",
     "plan_grid",
 ]
 
@@ -79,6 +82,13 @@ class PlanEstimate(_Record):
     communication_bytes_per_step: int
     communication_seconds: float | None
     offload_bytes_per_step: int = 0
+    host_bytes_per_node: int = Field(
+        default=0,
+        description="host RAM the offloaded states take on each node (0: nothing offloaded)",
+    )
+    host_fits: bool | None = Field(
+        default=True, description="those fit the machine's host memory; None: not known"
+    )
     accounting: cm.Accounting
     source: Source = Field(description="where the activation figures came from")
     train_days: float | None = None
@@ -236,7 +246,7 @@ def estimate_plan(
         offload_optimizer=plan.offload_optimizer != "none",
         offload_param=plan.offload_param != "none",
     )
-    offload_s = cm.transfer_seconds(offload, machine.pcie_gbps)
+    offload_s = offload_seconds(offload, machine)
     if comm_bytes and comm_s is None:
         notes.append("communication time not included: no bandwidth given")
     if offload and offload_s is None:
@@ -246,6 +256,16 @@ def estimate_plan(
         facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0)
     )
     notes.extend(note for note in (time_note,) if note)
+    host = host_bytes_per_node(facts, plan)
+    host_fits = machine.fits_host(host)
+    if host:
+        notes.append(
+            f"offloaded states take {host / 2**30:.2f} GiB of host RAM per node "
+            f"({plan.gpus_per_node} ranks)"
+            + ("" if machine.host_memory is None else f" of {machine.host_memory / 2**30:.2f} GiB")
+        )
+    device_fits = machine.fits(peak)
+    fits = False if False in (device_fits, host_fits) else device_fits and host_fits
     usable = machine.usable
     return PlanEstimate(
         plan=plan,
@@ -254,7 +274,7 @@ def estimate_plan(
             peak=round(peak),
             peak_composition=how,
         ),
-        fits=machine.fits(peak),
+        fits=fits,
         headroom_bytes=None if usable is None else round(usable - peak),
         predicted_step_time_ratio=ratio,
         predicted_step_seconds=seconds,
@@ -262,15 +282,46 @@ def estimate_plan(
         communication_bytes_per_step=round(comm_bytes),
         communication_seconds=comm_s,
         offload_bytes_per_step=round(offload),
+        host_bytes_per_node=round(host),
+        host_fits=host_fits,
         accounting=states.accounting,
         source=source,
         notes=notes,
     )
 
 
+def offload_seconds(offload_bytes: float, machine: Machine) -> float | None:
+    """Seconds the host link takes for a step's offload traffic (``None``: no bandwidth)."""
+    return cm.transfer_seconds(offload_bytes, machine.pcie_gbps)
+
+
+def host_bytes_per_node(facts: ModelFacts, plan: Plan) -> float:
+    """Host RAM a plan's offloaded states take on each node (:mod:`._offload`); 0 on a CPU
+    device, where offload frees nothing and nothing moves."""
+    if facts.device_type == "cpu":
+        return 0.0
+    return (
+        plan.gpus_per_node
+        * host_bytes_per_rank(
+            parameters=facts.parameters,
+            trainable=facts.trainable_parameters,
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            world_size=plan.world_size,
+            engine=plan.engine,
+            grad_accum=plan.grad_accum,
+            largest_parameter=facts.largest_parameter,
+            optimizer_bytes_per_param=facts.optimizer_bytes_per_param,
+            offload_optimizer=plan.offload_optimizer != "none",
+            offload_param=plan.offload_param != "none",
+        ).total
+    )
+
+
 def plan_grid(facts: ModelFacts, base: Plan) -> list[Plan]:
     """A sensible grid around ``base`` for its devices: precision x ZeRO stage x
-    checkpointed blocks (0, L/2, L) x micro-batch (keeping samples per device per step).
+    checkpointed blocks (0, L/2, L) x micro-batch (keeping samples per device per step), and
+    on a GPU the offload plans of :data:`OFFLOAD_GRID` over the same blocks and micro-batches.
     """
     per_device = base.micro_batch * base.grad_accum
     micro = sorted({per_device, max(per_device // 2, 1), max(per_device // 4, 1), 1}, reverse=True)
@@ -294,7 +345,24 @@ def plan_grid(facts: ModelFacts, base: Plan) -> list[Plan]:
                             offload_param="none",
                         )
                     )
+    if facts.device_type == "cpu":  # offload frees nothing where the host is the device
+        return plans
+    for stage, offload_param in OFFLOAD_GRID:
+        for ckpt in ckpts:
+            for mb in micro:
+                plans.append(
+                    base.with_changes(
+                        precision="bf16", zero_stage=stage, checkpoint_blocks=ckpt,
+                        micro_batch=mb, grad_accum=per_device // mb, offload_optimizer="cpu",
+                        offload_param="cpu" if offload_param else "none",
+                    )
+                )  # fmt: skip
     return plans
+
+
+OFFLOAD_GRID = ((2, False), (3, False), (3, True))
+"""The offload plans a grid adds (bf16, on a GPU): ZeRO-Offload of the optimizer at stages 2
+and 3, and ZeRO-3 with the parameters on the host too."""
 
 
 def estimate(

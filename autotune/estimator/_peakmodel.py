@@ -120,10 +120,13 @@ def adam_step_temporaries(facts: ModelFacts, plan: Plan) -> float:
     when every parameter is on CUDA) makes ``_foreach_sqrt`` of every moment of the group at
     once, one copy of all of them; the fused kernel none. A ZeRO engine steps its flat
     partition and counts that itself (:func:`zero.zero_engine_bytes`): 0 here. FSDP2 steps
-    each parameter's shard. DeepSpeed without ZeRO on 16-bit weights steps its fp32 copies
+    each parameter's shard. An optimizer that steps on the host (ZeRO-Offload's CPU Adam,
+    FSDP2's CPU offload, on a GPU) makes none on the device. DeepSpeed without ZeRO on 16-bit weights steps its fp32 copies
     (``FP16_UnfusedOptimizer``) with the same optimizer.
     """
     if zero.engine_moments(facts, plan) is not None or facts.optimizer_bytes_per_param < ADAM_LIKE:
+        return 0.0
+    if _steps_on_host(facts, plan):
         return 0.0
     shards = plan.world_size if plan.engine == "fsdp2" else 1
     path = facts.optimizer_step or ("foreach" if facts.device_type == "cuda" else "single_tensor")
@@ -132,6 +135,16 @@ def adam_step_temporaries(facts: ModelFacts, plan: Plan) -> float:
     if path == "foreach":
         return 4.0 * facts.trainable_parameters / shards
     return 2 * 4.0 * facts.largest_parameter / shards
+
+
+def _steps_on_host(facts: ModelFacts, plan: Plan) -> bool:
+    """Whether the optimizer steps on the host, not the device: DeepSpeed's ZeRO-Offload (its
+    CPU Adam) and FSDP2's ``CPUOffloadPolicy``, on a GPU (on a CPU the host is the device)."""
+    if facts.device_type == "cpu":
+        return False
+    if plan.engine == "fsdp2":
+        return plan.offload_param != "none"
+    return plan.offload_optimizer != "none"
 
 
 def _traced_residue(facts: ModelFacts) -> float:

@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.estimator import ModelFacts, facts_from_profile, fit_step_time
+from autotune.estimator import ModelFacts, facts_from_profile, fit_step_time, offload_seconds
 from autotune.policy._actions import ACTIONS
 from autotune.policy._fact_builder import FactBuilder
 from autotune.policy._facts import Facts
@@ -213,6 +213,10 @@ def _predict(builder: FactBuilder, before: Facts, plan: Plan, after: Plan) -> Pr
         step_time_ratio=ratio,
         memory_source=est_after.source,
         time_source=time_source,
+        host_bytes_after=est_after.host_bytes_per_node,
+        host_fits_after=est_after.host_fits,
+        offload_bytes_per_step=est_after.offload_bytes_per_step,
+        offload_seconds=offload_seconds(est_after.offload_bytes_per_step, builder.machine),
     )
 
 

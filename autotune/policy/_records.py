@@ -30,6 +30,19 @@ class Predicted(Record):
     )
     memory_source: Literal["measured", "formula", "traced"]
     time_source: Literal["measured", "formula", "traced"] | None
+    host_bytes_after: int = Field(
+        default=0, description="host RAM per node the plan's offloaded states take (0: none)"
+    )
+    host_fits_after: bool | None = Field(
+        default=True, description="those fit the host memory; None: not known"
+    )
+    offload_bytes_per_step: int = Field(
+        default=0, description="host-device bytes per optimizer step the offload moves"
+    )
+    offload_seconds: float | None = Field(
+        default=None,
+        description="their transfer time over the host link; None: no --pcie-gbps given",
+    )
 
 
 class Suggestion(Record):

@@ -47,6 +47,9 @@ class Machine:
     """Link between nodes, Gbit/s (``--inter-gbps``); ``None``: unknown."""
     pcie_gbps: float | None = None
     """Host-device link, Gbit/s (offload time); ``None``: unknown."""
+    host_memory: int | None = None
+    """Host RAM per node an offloaded plan's states may take (``--host-memory``); ``None``:
+    this machine's available memory, filled in with the budget (:meth:`with_default_budget`)."""
 
     def __post_init__(self) -> None:
         if not _DEVICE.fullmatch(self.device):
@@ -60,6 +63,8 @@ class Machine:
         for flag, count in (("--nproc-per-node", self.gpus_per_node), ("--nnodes", self.nodes)):
             if count < 1:
                 raise AutotuneError(f"{flag}: must be >= 1 (got {count})")
+        if self.host_memory is not None and self.host_memory < 1:
+            raise AutotuneError(f"--host-memory: must be positive (got {self.host_memory} B)")
         for flag, speed in (("--intra-gbps", self.intra_gbps), ("--inter-gbps", self.inter_gbps),
                             ("--pcie-gbps", self.pcie_gbps)):  # fmt: skip
             if speed is not None and speed <= 0:
@@ -83,20 +88,38 @@ class Machine:
         usable = self.usable
         return None if usable is None else peak <= usable
 
+    def fits_host(self, host_bytes: float) -> bool | None:
+        """Whether an offloaded plan's host bytes per node fit ``host_memory`` (``None``: not
+        known; a plan that offloads nothing always fits)."""
+        if host_bytes <= 0:
+            return True
+        return None if self.host_memory is None else host_bytes <= self.host_memory
+
+    def with_host_memory(self) -> Machine:
+        """This machine with ``host_memory`` filled in where not given: the available memory
+        of this machine now (psutil), where an offloaded plan's host side would run."""
+        if self.host_memory is not None:
+            return self
+        return replace(self, host_memory=available_memory())
+
     def with_default_budget(self, profile: ProfileRecord) -> Machine:
         """This machine with a budget filled in where none was given: the profiled GPU's
-        memory, or on a CPU this machine's available memory now (psutil)."""
+        memory, or on a CPU this machine's available memory now (psutil); and the host memory
+        an offloaded plan may take (:meth:`with_host_memory`)."""
         if self.device_memory is not None:
-            return self if self.budget_source else replace(self, budget_source="given")
+            given = self if self.budget_source else replace(self, budget_source="given")
+            return given.with_host_memory()
         if profile.config.device == "cuda" and profile.environment.device_memory_bytes:
             return replace(
                 self,
                 device_memory=profile.environment.device_memory_bytes,
                 budget_source="device",
-            )
-        if profile.config.device == "cpu":
-            return replace(self, device_memory=available_memory(), budget_source="available_ram")
-        return self
+            ).with_host_memory()
+        if profile.config.device == "cpu":  # one reading: the host is the device here
+            free = available_memory()
+            return replace(self, device_memory=free, budget_source="available_ram",
+                           host_memory=self.host_memory or free)  # fmt: skip
+        return self.with_host_memory()
 
 
 def available_memory() -> int:

@@ -70,7 +70,10 @@ def test_the_estimate_comm_column_has_its_unit(tmp_path: Path) -> None:
     shown = runner.invoke(app, ["estimate", "--profile", str(_profile(tmp_path)), "--plan",
                                 "stage=2", "--nproc-per-node", "8"], env={"COLUMNS": "200"})  # fmt: skip
     assert shown.exit_code == 0, shown.output
-    assert "comm GiB/step" in shown.stdout or "comm MiB/step" in shown.stdout
+    assert "comm/step" in shown.stdout
+    assert "every size in GiB: per device, host RAM per node, bytes communicated per step" in (
+        " ".join(shown.stdout.split())
+    )
 
 
 def test_every_fact_a_rule_can_cite_has_words() -> None:
