@@ -41,8 +41,11 @@ def batch(micro: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]
     return x, x[:, :1] * 2 - x[:, 1:2]
 
 
-def train(config: dict[str, Any], steps: int = STEPS) -> tuple[list[float], float]:
-    """Train ``steps`` optimizer steps; return this rank's losses and a parameter checksum."""
+def train(
+    config: dict[str, Any], steps: int = STEPS
+) -> tuple[list[float], float, dict[str, int] | None]:
+    """Train ``steps`` optimizer steps; return this rank's losses, a parameter checksum and,
+    for a ZeRO-Offload config, the bytes of what it keeps on the host (:func:`offloaded_bytes`)."""
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with contextlib.redirect_stdout(sys.stderr):
@@ -57,13 +60,50 @@ def train(config: dict[str, Any], steps: int = STEPS) -> tuple[list[float], floa
             engine.backward(loss)
             engine.step()
         losses.append(float(loss.detach()))
+    host = offloaded_bytes(engine.optimizer) if "offload_optimizer" in config.get(
+        "zero_optimization", {}) else None  # fmt: skip
     params = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(
         params, enabled=config["zero_optimization"]["stage"] == 3
     ):
         checksum = float(sum(p.detach().float().sum() for p in params))
     engine.destroy()
-    return losses, checksum
+    return losses, checksum, host
+
+
+def _nbytes(tensors: Any) -> int:
+    """Bytes of the distinct storages among ``tensors`` (a 0-dim step counter left out)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def offloaded_bytes(optimizer: Any) -> dict[str, int]:
+    """What a ZeRO-Offload engine keeps on the host, by the estimator's parts, read from
+    DeepSpeed's own optimizer objects (deepspeed 0.19 ``stage_1_and_2.py`` / ``stage3.py``):
+    the fp32 master partition, the optimizer's moments on it, the fp32 gradient partition (and
+    ZeRO-1/2's host accumulation buffers), ZeRO-1/2's 16-bit copy-back buffer and pinned
+    one-parameter gradient buffer."""
+    masters = list(
+        getattr(optimizer, "single_partition_of_fp32_groups", None)
+        or getattr(optimizer, "fp32_partitioned_groups_flat", [])
+    )
+    states = [v for m in masters for v in optimizer.optimizer.state.get(m, {}).values()]
+    grads = [m.grad for m in masters if m.grad is not None]
+    grads += list(getattr(optimizer, "accumulated_grads_in_cpu", {}).values())
+    grads.append(getattr(optimizer, "grad_partitions_flat_buffer", None))  # stage 3's reduced
+    return {
+        "master": _nbytes(masters),
+        "optimizer_states": _nbytes(states),
+        "gradients": _nbytes(grads),
+        "parameters": _nbytes(
+            getattr(optimizer, "param_buffer_of_bit16_for_cpu_offload_groups", [])
+        ),
+        "buffers": _nbytes([getattr(optimizer, "temp_grad_buffer_for_cpu_offload", None)]),
+    }
 
 
 def main(configs_path: str, out_path: str) -> None:
@@ -71,10 +111,10 @@ def main(configs_path: str, out_path: str) -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     results = {}
     for entry in json.loads(Path(configs_path).read_text(encoding="utf-8")):
-        losses, checksum = train(entry["config"])
+        losses, checksum, host = train(entry["config"])
         checksums: list[float | None] = [None] * dist.get_world_size()
         dist.all_gather_object(checksums, checksum)
-        results[entry["name"]] = {"losses": losses, "checksums": checksums}
+        results[entry["name"]] = {"losses": losses, "checksums": checksums, "host": host}
     if dist.get_rank() == 0:
         with open(out_path, "w", encoding="utf-8") as handle:
             json.dump(results, handle)

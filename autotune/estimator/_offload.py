@@ -20,8 +20,8 @@ class HostBytes:
     optimizer_states: float = 0.0
     """The optimizer's moments on it (Adam: 8 bytes per parameter)."""
     gradients: float = 0.0
-    """The fp32 gradient partition the host step reads (and, under accumulation, DeepSpeed's
-    16-bit accumulation buffers)."""
+    """The fp32 gradient partition the host step reads (and DeepSpeed's 16-bit buffers the
+    reduced or accumulated gradients land in)."""
     parameters: float = 0.0
     """Offloaded parameter partitions, and DeepSpeed's 16-bit copy-back buffer of the
     partition (ZeRO-1/2 offload)."""
@@ -61,8 +61,10 @@ def host_bytes_per_rank(
       for_cpu_offload_groups``, wP), one largest parameter's gradient buffer
       (``temp_grad_buffer_for_cpu_offload``) and, under accumulation, a 16-bit buffer per
       partition parameter that accumulates its gradient on the host (wP);
-    - ZeRO-3 ``offload_optimizer``: the master, the moments and the fp32 gradient partition;
-      ``offload_param`` adds the 16-bit parameter partition (w x parameters / N);
+    - ZeRO-3 ``offload_optimizer``: the master, the moments, the fp32 gradient partition the
+      step reads (4P) and the flat buffer the reduced gradients land in, in the weights' dtype
+      (``grad_partitions_flat_buffer``, wP); ``offload_param`` adds the 16-bit parameter
+      partition (w x parameters / N);
     - FSDP2's ``CPUOffloadPolicy`` (``offload_param`` of an ``engine=fsdp2`` plan): the fp32
       parameter shards, their gradients and the optimizer's states, all on the host.
 
@@ -88,7 +90,7 @@ def host_bytes_per_rank(
         return HostBytes(
             master=4.0 * part,
             optimizer_states=optimizer_bytes_per_param * part,
-            gradients=4.0 * part,
+            gradients=(4.0 + w) * part,
             parameters=host_params,
         )
     return HostBytes(
