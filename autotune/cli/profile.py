@@ -145,8 +145,11 @@ def _share(part: float, whole: float) -> str:
 
 
 def render(record: ProfileRecord) -> Table:
-    """The record as a table for people: every figure says measured or how it was derived."""
+    """The record as a table for people: every figure says measured or how it was derived;
+    one outside its physical bounds says flagged, and why."""
     from rich.table import Table
+
+    from autotune.estimator import BF16_RATIO_FIGURE, SPREAD_FIGURE, flagged_figures
 
     cfg, mem, time = record.config, record.memory, record.time
     title = (
@@ -193,28 +196,38 @@ def render(record: ProfileRecord) -> Table:
     for label, seconds in timings:
         table.add_row(label, f"{seconds * 1e3:.2f} ms", f"median, {_share(seconds, step)} of step")
     spread = time.spread
+    flags = flagged_figures(record)
     table.add_row(
         "time: step",
         f"{step * 1e3:.2f} ms",
-        f"median of {time.steps_measured}; p25-p75 {spread.p25 * 1e3:.2f}-{spread.p75 * 1e3:.2f} ms",
+        f"median of {time.steps_measured}; p25-p75 {spread.p25 * 1e3:.2f}-{spread.p75 * 1e3:.2f} ms"
+        + _flag(flags, SPREAD_FIGURE, "; "),
     )
     tput = record.throughput
     tokens = f", {tput.tokens_per_s:,.0f} tokens/s" if tput.tokens_per_s else ""
     table.add_row("throughput", f"{tput.samples_per_s:,.1f} samples/s", f"measured{tokens}")
-    _compute_rows(table, record)
+    _compute_rows(table, record, flags)
     caps = record.environment.capabilities
     env = record.environment
     table.add_row(
         "device",
         env.device_name,
         f"bf16 {'yes' if caps.bf16_supported else 'no'}, "
-        f"bf16/fp32 matmul {_ratio(caps.bf16_fp32_speed_ratio)} (measured), "
+        f"bf16/fp32 matmul {_ratio(caps.bf16_fp32_speed_ratio)} "
+        f"({_flag(flags, BF16_RATIO_FIGURE) or 'measured'}), "
         f"flash-attn {'yes' if caps.flash_attn_available else 'no'}",
     )
     return table
 
 
-def _compute_rows(table: Table, record: ProfileRecord) -> None:
+def _flag(flags: dict[str, str], figure: str, before: str = "") -> str:
+    """``figure``'s flag as text (``flagged, impossible: ...``), or "" when it has none."""
+    return f"{before}flagged, {flags[figure]}" if figure in flags else ""
+
+
+def _compute_rows(table: Table, record: ProfileRecord, flags: dict[str, str]) -> None:
+    from autotune.estimator import HFU_FIGURE, MFU_FIGURE
+
     compute = record.compute
     table.add_row(
         "compute: FLOPs/step",
@@ -228,8 +241,10 @@ def _compute_rows(table: Table, record: ProfileRecord) -> None:
     hfu = f"{100 * compute.hfu:.1f}%" if compute.hfu is not None else "–"
     table.add_row(
         "compute: MFU",
-        mfu,
-        f"vs peak {format_flops(compute.peak_flops_per_s)} ({source}); HFU {hfu}",
+        mfu + (" (flagged)" if MFU_FIGURE in flags else ""),
+        f"vs peak {format_flops(compute.peak_flops_per_s)} ({source}); HFU {hfu}"
+        + _flag(flags, HFU_FIGURE, "; ")
+        + _flag(flags, MFU_FIGURE, "; "),
     )
 
 

@@ -213,7 +213,11 @@ _LABELS = {
     "amp_peak_ratio": "predicted peak under bf16 autocast over now",
 }
 """The policy's facts in the words a DeepSpeed or PyTorch user reads (``--json`` keeps the names)."""
-_SOURCES = {"formula": "predicted", "plan": "current plan"}
+_SOURCES = {
+    "formula": "predicted",
+    "plan": "current plan",
+    "refused": "refused as impossible: see notes",
+}
 
 
 def _budget(record: object) -> str:

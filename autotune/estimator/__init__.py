@@ -4,11 +4,22 @@ Where to change what: the ZeRO model-state, bucket, communication and offload fo
 ``_zero.py`` (their one home), FSDP2's (``engine=fsdp2``) in ``_fsdp.py``; activations, FLOPs and step time in ``_costmodel.py``; the peak's
 moments in ``_peakmodel.py``; facts read from a profile in ``_modelfacts.py``; claim checks in
 ``_claims.py`` (throughput against FLOPs per token in ``_throughput.py``, the GPU peak table in
-``_device_flops.py``); the per-plan estimator and its records in ``_estimator.py``. No torch.
+``_device_flops.py``, the physical bounds of a profile's figures in ``_bounds.py``); the per-plan
+estimator and its records in ``_estimator.py``. No torch.
 """
 
 from __future__ import annotations
 
+from autotune.estimator._bounds import (
+    BF16_RATIO_FIGURE,
+    FACT_OF_FIGURE,
+    HFU_FIGURE,
+    MFU_FIGURE,
+    SPREAD_FIGURE,
+    bf16_ratio_problem,
+    check_figures,
+    flagged_figures,
+)
 from autotune.estimator._claims import (
     Claim,
     ClaimCheck,
@@ -52,6 +63,11 @@ from autotune.estimator._zero import (
 )
 
 __all__ = [
+    "BF16_RATIO_FIGURE",
+    "FACT_OF_FIGURE",
+    "HFU_FIGURE",
+    "MFU_FIGURE",
+    "SPREAD_FIGURE",
     "ActivationSpec",
     "BUCKET_SIZE",
     "CATEGORIES",
@@ -65,12 +81,15 @@ __all__ = [
     "STAGE3_PERSISTENCE_THRESHOLD",
     "Source",
     "TracedMoment",
+    "bf16_ratio_problem",
     "bucket_elements",
+    "check_figures",
     "device_peak_flops",
     "estimate",
     "estimate_plan",
     "facts_from_profile",
     "fit_step_time",
+    "flagged_figures",
     "host_bytes_per_node",
     "host_bytes_per_rank",
     "moments",

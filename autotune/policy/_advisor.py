@@ -245,6 +245,8 @@ def _notes(builder: FactBuilder, plan: Plan) -> list[str]:
     if changed:
         notes.append(changed)
     notes.extend(_slower_note(builder, plan))
+    notes.extend(f"not used as evidence: the profile's {figure}, {why}"
+                 for figure, why in builder.flags.items())  # fmt: skip
     if plan.uses_deepspeed:
         notes.append("the final plan needs DeepSpeed: `autotune config` writes its config")
     return notes

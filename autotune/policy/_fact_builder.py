@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import re
 
-from autotune.estimator import ModelFacts, PlanEstimate, estimate_plan
+from autotune.estimator import (
+    FACT_OF_FIGURE,
+    ModelFacts,
+    PlanEstimate,
+    estimate_plan,
+    flagged_figures,
+)
 from autotune.policy._actions import per_rank_batch
 from autotune.policy._facts import Facts, Source
 from autotune.records import AUTOCAST_PLAN_PRECISION, Machine, Plan, ProfileRecord
@@ -32,10 +38,11 @@ def baseline_plan(profile: ProfileRecord, machine: Machine) -> Plan:
 def static_facts(
     profile: ProfileRecord, machine: Machine, global_batch: int | None = None
 ) -> dict[str, object]:
-    """Facts that do not depend on the plan: the device, the model, the machine."""
+    """Facts that do not depend on the plan: the device, the model, the machine. A figure
+    outside its physical bounds is unknown here (:func:`refused_facts`)."""
     caps = profile.environment.capabilities
     model = profile.model
-    ratio = caps.bf16_fp32_speed_ratio
+    ratio = None if "bf16_speed_ratio" in refused_facts(profile) else caps.bf16_fp32_speed_ratio
     capability = float(caps.compute_capability) if caps.compute_capability else None
     is_cuda = profile.config.device == "cuda"
     # Unmeasured speed: Ampere (8.0) and later have bf16 tensor cores.
@@ -67,6 +74,13 @@ def static_facts(
     }
 
 
+def refused_facts(profile: ProfileRecord) -> dict[str, str]:
+    """Facts whose measured figure is flagged as impossible (fact -> why): they are unknown,
+    never evidence, whether the profile flagged them or is an older record checked now."""
+    flags = flagged_figures(profile)
+    return {fact: flags[figure] for figure, fact in FACT_OF_FIGURE.items() if figure in flags}
+
+
 _STATIC_SOURCES: dict[str, Source] = {
     "device_type": "measured",
     "bf16_supported": "measured",
@@ -92,7 +106,10 @@ class FactBuilder:
         self.machine = machine
         self.global_batch = global_batch
         self.baseline = baseline_plan(profile, machine)
+        # The profile's figures that cannot be true (dotted key -> why): none is evidence.
+        self.flags = flagged_figures(profile)
         self._static = static_facts(profile, machine, global_batch)
+        self._refused = refused_facts(profile)
         self._cache: dict[Plan, PlanEstimate] = {}
         self._facts: dict[Plan, Facts] = {}
 
@@ -129,6 +146,8 @@ class FactBuilder:
         ):
             sources[name] = "formula"
         sources["input_share"] = input_source
+        for name in self._refused:
+            sources[name] = "refused"
         if self.machine.budget_source == "available_ram":
             sources["device_memory"] = "measured"
         gain = self.checkpoint_gain(plan)

@@ -8,8 +8,9 @@ from pydantic import Field
 
 from autotune.records import Plan, Record
 
-Source = Literal["measured", "formula", "traced", "given", "plan"]
-"""Where a fact's value came from: the profile, the estimate, an option, or the current plan."""
+Source = Literal["measured", "formula", "traced", "given", "plan", "refused"]
+"""Where a fact's value came from: the profile, the estimate, an option, or the current plan;
+``refused``: the profile's figure is outside its physical bounds, so the fact is unknown."""
 
 FactKind = Literal["share", "ratio", "count", "bytes", "gbps", "fraction", "bool", "str"]
 

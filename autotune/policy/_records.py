@@ -15,7 +15,9 @@ class Evidence(Record):
     """One fact a rule tested, with its value and where the value came from."""
 
     value: Any
-    source: Literal["measured", "formula", "traced", "given", "plan"]
+    source: Literal["measured", "formula", "traced", "given", "plan", "refused"] = Field(
+        description="refused: the profile's figure cannot be true (a note says why), so unknown"
+    )
 
 
 class Predicted(Record):

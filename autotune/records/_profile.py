@@ -279,3 +279,9 @@ class ProfileRecord(_Record):
     compute: Compute
     environment: Environment
     provenance: Provenance
+    flags: dict[str, str] = Field(
+        default_factory=dict,
+        description="figure (dotted key, e.g. compute.mfu) -> why it cannot be true: outside its "
+        "physical bounds (autotune.estimator's bounds). A flagged figure is shown marked and never "
+        "used as evidence; a refused one is null, its reason also in environment.unavailable",
+    )

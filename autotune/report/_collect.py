@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autotune.estimator import MFU_FIGURE, flagged_figures
 from autotune.records import (
     MeasuredPlan,
     Plan,
@@ -59,6 +60,9 @@ def _mfu_text(profile: ProfileRecord) -> str:
     if compute.mfu is None:
         why = profile.environment.unavailable.get("mfu") or compute.note or "peak FLOPs unknown"
         return f"not measured ({why})"
+    flag = flagged_figures(profile).get(MFU_FIGURE)
+    if flag:  # an impossible figure is shown for the record, never as a fact
+        return f"{compute.mfu:.1%} (flagged, {flag})"
     return f"{compute.mfu:.1%} (measured FLOP rate / {compute.peak_source} peak)"
 
 

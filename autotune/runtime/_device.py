@@ -159,6 +159,12 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.1)
     return _MATMUL_CACHE[key]
 
 
+def forget_matmuls(device: torch.device) -> None:
+    """Drop the cached matmul rates of ``device``, so the next :func:`matmul_flops` measures again."""
+    for key in [key for key in _MATMUL_CACHE if key[0] == str(device)]:
+        del _MATMUL_CACHE[key]
+
+
 def peak_flops(device: torch.device, dtype: str) -> tuple[float | None, str | None, str | None]:
     """Peak FLOP/s for ``dtype`` (``fp32``/``bf16``/``fp16``).
 

@@ -16,11 +16,13 @@ from torch._guards import detect_fake_mode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from autotune import __version__
+from autotune.estimator import BF16_RATIO_FIGURE, bf16_ratio_problem, check_figures
 from autotune.records import (
     ActivationFit,
     AtPeak,
     AutotuneError,
     BlockStack,
+    Capabilities,
     Compute,
     Environment,
     MemoryBreakdown,
@@ -108,11 +110,11 @@ def profile(
         runner.close()
     report("environment", 0, 1)
     peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
-    environment = _environment(device_obj, timings, peak_reason)
+    environment, refused = _environment(device_obj, timings, peak_reason)
     report("environment", 1, 1)
     step_time = timings.summary()
     tokens = model_file.tokens_per_sample(samples_seen)
-    return ProfileRecord(
+    record = ProfileRecord(
         config=ProfileConfig(
             batch_size=batch_size,
             precision=precision,
@@ -132,6 +134,8 @@ def profile(
         environment=environment,
         provenance=_provenance(model_file, command, label),
     )
+    # An impossible MFU is kept for the record, flagged; a refused ratio is already None.
+    return record.model_copy(update={"flags": {**refused, **check_figures(record)}})
 
 
 def _checkpoint_all(runner: TrainRunner) -> None:
@@ -393,9 +397,33 @@ def _utilisation(
     )
 
 
-def _environment(device: torch.device, timings: _Timings, peak_reason: str | None) -> Environment:
+def _capabilities(device: torch.device) -> tuple[Capabilities, str | None]:
+    """The device's capabilities; a bf16/fp32 matmul ratio outside its physical range is
+    measured once more (a busy machine skews one run), then refused: ``None``, with the reason.
+    """
+    caps = dev.device_capabilities(device)
+    first = caps.bf16_fp32_speed_ratio
+    if bf16_ratio_problem(first, device.type) is None:
+        return caps, None
+    dev.forget_matmuls(device)
+    caps = dev.device_capabilities(device)
+    second = caps.bf16_fp32_speed_ratio
+    why = bf16_ratio_problem(second, device.type)
+    if why is None:
+        return caps, None
+    reason = f"refused after measuring twice ({first:.3g}x, {second:.3g}x): {why}"
+    return caps.model_copy(update={"bf16_fp32_speed_ratio": None}), reason
+
+
+def _environment(
+    device: torch.device, timings: _Timings, peak_reason: str | None
+) -> tuple[Environment, dict[str, str]]:
+    """The environment, and the figures refused as impossible (dotted key -> why)."""
     versions = dev.versions()
     unavailable: dict[str, str] = {}
+    capabilities, refused = _capabilities(device)
+    if refused:
+        unavailable["capabilities.bf16_fp32_speed_ratio"] = refused
     if timings.nvml is None:
         unavailable["nvml"] = timings.nvml_reason or "not sampled"
     if peak_reason:
@@ -407,7 +435,7 @@ def _environment(device: torch.device, timings: _Timings, peak_reason: str | Non
     if device.type != "cuda":
         unavailable["capabilities.compute_capability"] = "not a CUDA device"
         unavailable["memory.cuda_reserved"] = "not a CUDA device"
-    return Environment(
+    environment = Environment(
         device_type=device.type,
         device_name=dev.device_name(device),
         device_count=dev.device_count(device),
@@ -415,10 +443,11 @@ def _environment(device: torch.device, timings: _Timings, peak_reason: str | Non
         torch_version=str(versions["torch"]),
         cuda_version=versions["cuda"],
         deepspeed_version=versions["deepspeed"],
-        capabilities=dev.device_capabilities(device),
+        capabilities=capabilities,
         nvml=timings.nvml,
         unavailable=unavailable,
     )
+    return environment, {BF16_RATIO_FIGURE: refused} if refused else {}
 
 
 def _model_info(model: nn.Module, tokens: int | None) -> ModelInfo:
