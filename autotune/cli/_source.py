@@ -36,13 +36,14 @@ SEQ_LEN = typer.Option(
     help="Tokens per sample with --hf-config / --hf-model (an image classifier: the image side "
     "in pixels; a CTC speech model: audio samples).",
 )
-TASK = typer.Option(
-    None,
-    "--task",
-    help="With --hf-config / --hf-model: the head to build (causal-lm, masked-lm, seq2seq-lm, "
-    "sequence-classification, image-classification, speech-seq2seq, ctc, contrastive); "
-    "default: from the config's architectures, else causal-lm.",
+_HEADS = (
+    "the head to build (causal-lm, masked-lm, seq2seq-lm, sequence-classification, "
+    "image-classification, speech-seq2seq, ctc, contrastive); default: from the config's "
+    "architectures, else causal-lm."
 )
+TASK = typer.Option(None, "--task", help=f"With --hf-config / --hf-model: {_HEADS}")
+CONFIG_TASK = typer.Option(None, "--task", help=f"With --hf-config: {_HEADS}")
+"""``--task`` of a command that takes --hf-config but not --hf-model (estimate)."""
 
 
 def model_source(

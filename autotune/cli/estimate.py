@@ -40,9 +40,12 @@ def estimate_command(
         None, "--seq-len", min=1, help="Tokens per sample (--hf-config)."
     ),
     hf_config: Path | None = typer.Option(
-        None, "--hf-config", help="A local transformers config.json."
+        None,
+        "--hf-config",
+        help="Instead of MODEL: a transformers config.json, model directory or Hub name (the "
+        "config alone is fetched, no weights); traced on fake tensors (with --seq-len).",
     ),
-    task: str | None = _source.TASK,
+    task: str | None = _source.CONFIG_TASK,
     profiles: list[Path] = typer.Option(
         [],
         "--profile",
@@ -115,7 +118,7 @@ def estimate_command(
 
     Without --plan or --all-plans: the plan `autotune profile` runs with the same
     options. Activation figures come from --profile (measured) or a trace of MODEL
-    or --hf-config on fake tensors (no memory allocated, nothing downloaded).
+    or --hf-config on fake tensors (no memory allocated, no weights downloaded).
     """
     with user_errors():
         from autotune.cli._check import read_check

@@ -52,7 +52,7 @@ def tune_command(
     device: str | None = _options.DEVICE,
     profile: Path | None = typer.Option(TuneOptions.profile_path, "--profile", help="A saved profile (default: a short fresh one)."),
     baseline: str | None = typer.Option(TuneOptions.baseline, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
-    policy: Path | None = typer.Option(TuneOptions.policy_path, "--policy", help="A policy TOML file (default policies/default.toml)."),
+    policy: Path | None = typer.Option(TuneOptions.policy_path, "--policy", help='A policy TOML file (default: the shipped autotune/policy/default.toml; a file with extends = "default" extends it).'),
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json, ds_config.json and autotune-tune.json go (created if missing)."),
     finish: bool = typer.Option(TuneOptions.finish, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
     engines: str = typer.Option(",".join(TuneOptions.engines), "--engines", help="Who may shard a ZeRO stage: deepspeed, or deepspeed,fsdp2 to also search PyTorch's FSDP2 (with --nproc-per-node > 1)."),

@@ -56,7 +56,7 @@ def suggest(
         inter_gbps: inter-node link bandwidth in Gbit/s (``None``: unknown).
         margin: share of the budget kept free when deciding what fits.
         global_batch: the target global batch (samples per optimizer step).
-        policy_path: a policy TOML file (default: ``policies/default.toml``).
+        policy_path: a policy TOML file (default: the shipped ``autotune/policy/default.toml``).
         start: the plan to build on (default: the profiled plan); confirm passes what it kept.
         skip_rules: rule ids not to apply (confirm passes the rejected ones).
         profile_path: the profile's file name, for the record.
