@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "report"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / p) for p in ("report", "")]
 
 from test_report_samples import (  # noqa: E402
     make_confirm,
