@@ -4,6 +4,7 @@ functions, so importing this module imports no torch."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,7 @@ def model_file_facts(
     """The model-file road: every static fact a profile records (parameter sizes in order, tied
     parameters, the optimizer's step path, the block stack) and a whole step traced on fake
     tensors, for plans running on ``device`` (``auto``: a GPU if this machine has one)."""
-    from autotune.runtime.trace import device_type, facts_from_model_file
+    from autotune.runtime.trace import facts_from_model_file
 
     facts = facts_from_model_file(model_path, precisions=precisions)
     return facts.model_copy(update={"device_type": device_type(device)})
@@ -125,7 +126,6 @@ def hf_config_facts(
 ) -> tuple[ModelFacts, bool]:  # fmt: skip
     """The model-file road for a transformers config (cached by its bytes); whether it was a
     cache hit."""
-    from autotune.runtime.trace import device_type
     from autotune.runtime.trace_cache import facts_from_hf_config_cached
 
     facts, hit = facts_from_hf_config_cached(config, seq_len, precisions, task)
@@ -139,13 +139,23 @@ def default_budget(machine: Machine, device: str = "auto") -> Machine:
     if machine.device_memory is not None:
         given = machine if machine.budget_source else replace(machine, budget_source="given")
         return given.with_host_memory()
-    from autotune.runtime.trace import device_memory, device_type
-
     if device_type(device) == "cpu":  # one reading: the host is the device here
         free = available_memory()
         return replace(machine, device_memory=free, budget_source="available_ram",
                        host_memory=machine.host_memory or free)  # fmt: skip
+    from autotune.runtime.trace import device_memory
+
     memory = device_memory(device)
     machine = machine.with_host_memory()
     return machine if memory is None else replace(machine, device_memory=memory,
                                                   budget_source="device")  # fmt: skip
+
+
+def device_type(device: str) -> str:
+    """The device type plans run on (``cpu`` or ``cuda``) for a checked ``--device``, without
+    importing torch (a cached trace answers with torch blocked): ``auto`` is a GPU where this
+    machine has NVIDIA's driver (``/dev/nvidiactl``), as ``torch.cuda`` would find it; ``cuda``
+    need not be here (a plan for a GPU elsewhere)."""
+    if device == "auto":
+        return "cuda" if os.path.exists("/dev/nvidiactl") else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"

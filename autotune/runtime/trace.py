@@ -585,23 +585,12 @@ def traced_activations(path: str | Path, precisions: tuple[str, ...]) -> dict[st
     return facts_from_model_file(path, precisions=precisions, step=False).activations
 
 
-def device_type(device: str) -> str:
-    """The device type plans run on (``cpu`` or ``cuda``) for a checked ``--device``
-    (``auto``: a GPU where this machine has one; ``cuda`` need not be here): a trace runs on
-    CPU fake tensors whatever the target."""
-    from autotune.runtime._device import resolve_device
-
-    if device == "auto":
-        return resolve_device(device).type
-    return "cuda" if device.startswith("cuda") else "cpu"
-
-
 def device_memory(device: str) -> int | None:
     """Bytes of the GPU ``device`` names (``auto``: this machine's first, where it has one);
     ``None`` for a CPU, or a GPU this machine does not have."""
     from autotune.runtime import _device
 
-    if device_type(device) != "cuda" or not torch.cuda.is_available():
+    if not device.startswith(("auto", "cuda")) or not torch.cuda.is_available():
         return None
     return _device.device_memory(torch.device("cuda" if device == "auto" else device))
 

@@ -273,7 +273,9 @@ def test_a_traced_config_answers_again_without_torch(tmp_path: Path) -> None:
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))
-    args = ["estimate", "--hf-config", str(config), "--seq-len", "32", "-b", "2", "--json"]
+    # a budget given: the default (this machine's available memory) moves between the two runs
+    args = ["estimate", "--hf-config", str(config), "--seq-len", "32", "-b", "2", "--json",
+            "--device-memory", "1GiB", "--host-memory", "1GiB"]  # fmt: skip
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "AUTOTUNE_CACHE_DIR": str(tmp_path),
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
 

@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.compose import profile_model
 from autotune.records import AutotuneError, ProfileRecord
 from autotune.runtime.hf import model_source
 from autotune.runtime.modelfile import load_model_file
-from autotune.runtime.profiler import profile
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 TINY = CONFIGS / "tiny_llama.json"
@@ -38,7 +38,7 @@ def test_profile_from_a_config_equals_the_equivalent_model_file(
     result = runner.invoke(app, [*args, "--warmup", "0", "--device", "cpu", "--out", str(out)])
     assert result.exit_code == 0, result.output
     from_config = ProfileRecord.model_validate_json(out.read_text())
-    from_file = profile(
+    from_file = profile_model(  # the road `autotune profile` takes: the other precisions traced
         examples_dir / "tiny_llama.py", batch_size=2, steps=1, warmup=0, device="cpu"
     )
     assert from_config.model == from_file.model
