@@ -22,7 +22,7 @@ from test_report_samples import (  # noqa: E402
     make_tune,
 )
 
-from autotune.records import Plan
+from autotune.records import Plan  # noqa: E402
 from autotune.report import ReportInputs, build_report  # noqa: E402
 
 REPEATS = 5

@@ -1,11 +1,15 @@
-"""The composition's prediction, as ``autotune tune`` prunes with it."""
+"""The composition's prediction, as ``autotune tune`` prunes with it; the Python API takes what
+the docs show (plan strings, size strings) and refuses the rest in one line."""
 
 from __future__ import annotations
 
+import pytest
 from _profiles import hand_profile
 
+import autotune
+from autotune.api._common import tune_records
 from autotune.compose import compose
-from autotune.records import Machine, Plan
+from autotune.records import AutotuneError, Machine, Plan
 
 
 def make_predict(profile, machine):  # noqa: ANN001, ANN201 - the tune road's prediction
@@ -25,3 +29,33 @@ def test_the_margin_decides_what_tune_prunes() -> None:
     assert not default.fits and "usable part" in (default.reason or "")
     # The margin moves the line, never the peak.
     assert make_predict(profile, Machine(device_memory=budget, margin=0.0))(plan).peak_bytes == peak
+
+
+def test_tunes_keywords_take_a_size_string() -> None:
+    _, machine = tune_records(None, None, {"global_batch": 8, "device_memory": "2GiB", "nproc": 2})
+    assert (machine.device_memory, machine.gpus_per_node) == (2 * 2**30, 2)
+
+
+def test_the_deliverables_take_a_plan_string() -> None:
+    config = autotune.deepspeed_config("stage=2,mb=4,ga=2", world_size=2)
+    assert config["zero_optimization"]["stage"] == 2
+    assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"]) == (4, 4 * 2 * 2)
+    out = autotune.fsdp2_config("engine=fsdp2,stage=3,ckpt=all,gpus=2", num_blocks=6)
+    assert out["plan"] == "precision=fp32,ckpt=6,mb=1,stage=3,gpus_per_node=2,engine=fsdp2"
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (
+            3,
+            "plan: takes a Plan, a Recommendation or a plan string such as 'stage=2,mb=4' (got int)",
+        ),
+        ("stage", "plan: stage: give a value, e.g. stage=2"),
+        ("ckpt=all", "plan: ckpt=all: the model's block count L is not known here; give ckpt=N"),
+    ],
+)
+def test_a_deliverable_of_anything_else_is_one_line(given: object, line: str) -> None:
+    with pytest.raises(AutotuneError) as caught:
+        autotune.deepspeed_config(given)  # type: ignore[arg-type]
+    assert str(caught.value) == line

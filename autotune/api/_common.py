@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.records import AutotuneError, Machine, TuneOptions, parse_bytes
+from autotune.records import AutotuneError, Machine, TuneOptions
 
 GUARD_SHARE = 0.5
 """Share of the machine's available RAM all ranks of a trial may use together."""
@@ -49,8 +49,6 @@ def tune_records(
             raise AutotuneError(
                 f"tune: unknown option {key!r} (not a field of TuneOptions or Machine)"
             )
-        if name == "device_memory" and isinstance(value, str):
-            value = parse_bytes(value, "device_memory")
         given[owner][name] = value
     if options is not None and given["options"]:
         raise AutotuneError(f"tune: {', '.join(given['options'])} given beside options=")

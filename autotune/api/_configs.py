@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.emit import Config, emit_deepspeed_config
-from autotune.records import Capabilities, Plan, Recommendation
+from autotune.emit import Config, PlanLike, as_plan, emit_deepspeed_config
+from autotune.records import Capabilities
 
 
 def deepspeed_config(
-    plan_or_recommendation: Plan | Recommendation,
+    plan_or_recommendation: PlanLike,
     *,
     world_size: int | None = None,
     base: Config | None = None,
@@ -21,8 +21,9 @@ def deepspeed_config(
 ) -> Config:
     """A ready DeepSpeed config for a plan, checked by autotune and by DeepSpeed itself.
 
-    Takes the arguments of :func:`autotune.emit.emit_deepspeed_config`; when DeepSpeed is
-    installed its own ``DeepSpeedConfig`` validates the result at ``world_size``.
+    Takes the arguments of :func:`autotune.emit.emit_deepspeed_config` (a plan, a
+    recommendation or a plan string such as ``"stage=2,mb=4"``); when DeepSpeed is installed
+    its own ``DeepSpeedConfig`` validates the result at ``world_size``.
 
     Example:
         >>> from autotune import Plan, deepspeed_config
@@ -42,7 +43,7 @@ def deepspeed_config(
 
 
 def fsdp2_config(
-    plan_or_recommendation: Plan | Recommendation,
+    plan_or_recommendation: PlanLike,
     *,
     world_size: int | None = None,
     block_stack: str | None = None,
@@ -57,7 +58,8 @@ def fsdp2_config(
     ``reduce_dtype=fp32``), ``hf_trainer`` (``TrainingArguments`` keywords), ``notes``.
 
     Args:
-        plan_or_recommendation: an ``engine=fsdp2`` plan, or a recommendation of one.
+        plan_or_recommendation: an ``engine=fsdp2`` plan, a recommendation of one, or a plan
+            string such as ``"engine=fsdp2,stage=3"``.
         world_size: processes in all; default the plan's gpus x nodes.
         block_stack: Python for the model's blocks, e.g. ``"model.model.layers"``
             (``emit.block_stack_expression`` of a profile's ``model.block_stack.path``);
@@ -77,10 +79,8 @@ def fsdp2_config(
 
     from autotune.emit import fsdp2_deliverable
 
-    plan = getattr(plan_or_recommendation, "plan", plan_or_recommendation)
-    assert isinstance(plan, Plan)
     deliverable = fsdp2_deliverable(
-        plan,
+        as_plan(plan_or_recommendation, blocks=num_blocks),
         world_size=world_size,
         block_stack=block_stack,
         layer_class=layer_class,

@@ -27,16 +27,13 @@ class CheckSpec:
     mfu: float | None = None
     device: str | None = None
     peak_dtype: str = "bf16"
-    every_block: bool = False
 
     def claim(self, base: Plan, layers: int, peak_flops: float | None) -> Claim:
         """The row as a claim over ``base`` (``ckpt=all`` is every one of ``layers`` blocks)."""
         from autotune.estimator import Claim
         from autotune.records import parse_plan
 
-        plan = parse_plan(self.knobs, base, flag="--check")
-        if self.every_block:
-            plan = plan.with_changes(checkpoint_blocks=layers)
+        plan = parse_plan(self.knobs, base, flag="--check", blocks=layers)
         return Claim(
             plan=plan, text=self.text, memory_bytes=self.memory_bytes,
             tokens_per_s=self.tokens_per_s, tflops=self.tflops, mfu=self.mfu,
@@ -58,17 +55,21 @@ def read_check(text: str) -> CheckSpec:
     """Read one ``--check`` row; every bad key or value is named before any work.
 
     Keys: ``memory`` (per device), ``tokens_per_s`` and ``tflops`` (per device),
-    ``mfu``, ``device`` (a GPU of the peak table), ``world_size``, ``ckpt=all``, and
-    any plan knob. The device's peak is read at the row's ``precision=`` (default bf16).
+    ``mfu``, ``device`` (a GPU of the peak table), ``world_size``, and any plan knob (``ckpt=all``
+    too), each once. The device's peak is read at the row's ``precision=`` (default bf16).
     """
     from autotune.estimator import PEAK_DTYPE, device_peak_flops
     from autotune.records import parse_plan
 
     knobs: list[str] = []
     stated: dict[str, object] = {}
-    every_block = False
+    seen: set[str] = set()  # the row's own keys; parse_plan refuses a plan knob given twice
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = (part.strip() for part in item.partition("="))
+        if key in seen:
+            raise AutotuneError(f"--check {text!r}: {key} given twice")
+        if key in ("memory", *_RATES, "device", "world_size"):
+            seen.add(key)
         if key == "memory":
             stated["memory_bytes"] = parse_bytes(value, "--check memory")
         elif key in _RATES:
@@ -77,8 +78,6 @@ def read_check(text: str) -> CheckSpec:
             stated["device"] = value
         elif key == "world_size":
             knobs += [f"gpus_per_node={value}", "nodes=1"]
-        elif key in ("ckpt", "checkpoint_blocks") and value == "all":
-            every_block = True
         else:
             knobs.append(item)
     if not any(key in stated for key in ("memory_bytes", *_RATES)):
@@ -86,12 +85,12 @@ def read_check(text: str) -> CheckSpec:
             f"--check {text!r}: needs memory=SIZE (the claimed per-device memory), "
             "or tokens_per_s=, tflops= or mfu="
         )
-    plan = parse_plan(",".join(knobs), flag="--check")
+    plan = parse_plan(",".join(knobs), flag="--check", blocks="later")
     named = any(knob.split("=")[0].strip() == "precision" for knob in knobs)
     dtype = PEAK_DTYPE[plan.precision] if named else "bf16"
     if isinstance(stated.get("device"), str):
         device_peak_flops(str(stated["device"]), dtype, "--check device")
     return CheckSpec(
-        text=text, knobs=",".join(knobs), peak_dtype=dtype, every_block=every_block,
+        text=text, knobs=",".join(knobs), peak_dtype=dtype,
         **stated,  # type: ignore[arg-type]
     )  # fmt: skip

@@ -74,7 +74,7 @@ def estimate_command(
         "default: this machine's available memory.",
     ),
     plan: list[str] = typer.Option(
-        [], "--plan", help="Knobs, e.g. stage=2,mb=4,ckpt=12 (repeatable)."
+        [], "--plan", help="Knobs, e.g. stage=2,mb=4,ckpt=12 or ckpt=all (repeatable)."
     ),
     all_plans: bool = typer.Option(
         False,
@@ -209,7 +209,7 @@ def _needed_precisions(base: Plan, plans: list[str], all_plans: bool) -> tuple[s
 
     needed = {base.precision}
     for text in plans:
-        needed.add(parse_plan(text, base).precision)
+        needed.add(parse_plan(text, base, blocks="later").precision)
     if all_plans:
         needed.update(("fp32", "amp_bf16", "bf16"))
     return tuple(sorted(needed))
@@ -276,7 +276,7 @@ def _plans(facts: ModelFacts, base: Plan, plans: list[str], all_plans: bool) -> 
         return plan_grid(facts, base)
     if not plans:
         return [base]
-    return [parse_plan(text, base) for text in plans]
+    return [parse_plan(text, base, blocks=facts.num_layers) for text in plans]
 
 
 def _unit(record: EstimateRecord) -> tuple[str, float]:

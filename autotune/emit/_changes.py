@@ -5,29 +5,58 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from autotune.records import CodeChange, Plan
+from autotune.records import AutotuneError, CodeChange, Plan
 
 
-def hf_training_arguments(plan: Plan, *, num_blocks: int | None = None) -> dict[str, Any]:
-    """The ``TrainingArguments`` keywords that match a plan's DeepSpeed config.
+def hf_training_arguments(
+    plan: Plan, *, num_blocks: int | None = None, deepspeed: bool = True
+) -> dict[str, Any]:
+    """The ``TrainingArguments`` keywords that run a plan.
 
-    The HF Trainer checks explicit config values against these (and fills
-    ``"auto"`` ones from them), so they must agree with the plan.
+    The Trainer's ``bf16``/``fp16`` mean two things. Given the plan's DeepSpeed config
+    (``TrainingArguments(..., deepspeed=deepspeed_config(plan))``) they are the config's
+    ``bf16.enabled``/``fp16.enabled``, DeepSpeed's 16-bit weights, which the Trainer checks
+    against the config (or fills its ``"auto"`` from); without one they are the Trainer's own
+    torch.autocast over fp32 weights. So, by the plan's precision:
+
+    ===================  ===============================  =========================
+    precision            with the DeepSpeed config        without (``deepspeed=False``)
+    ===================  ===============================  =========================
+    ``fp32``             both off                         both off
+    ``amp_bf16``         both off: the config's           ``bf16=True``
+    ``amp_fp16``         ``torch_autocast`` autocasts     ``fp16=True``
+    ``bf16``, ``fp16``   ``bf16=True``, ``fp16=True``     refused: needs DeepSpeed
+    ===================  ===============================  =========================
 
     Args:
         plan: the plan.
         num_blocks: L; the Trainer's ``gradient_checkpointing`` switch checkpoints
             every block, so it is set only when the plan checkpoints all L.
+        deepspeed: whether the Trainer is given the plan's DeepSpeed config, as the README and
+            ``autotune config`` show; ``False``: the plain Trainer, for a plan that needs no
+            DeepSpeed engine (``plan.uses_deepspeed`` false).
+
+    Raises:
+        AutotuneError: ``deepspeed=False`` for a plan that needs a DeepSpeed engine.
 
     Example:
         >>> hf_training_arguments(Plan(micro_batch=4, grad_accum=8, precision="bf16"))["bf16"]
         True
+        >>> hf_training_arguments(Plan(precision="amp_bf16"), deepspeed=False)["bf16"]
+        True
     """
+    if not deepspeed and plan.uses_deepspeed:
+        raise AutotuneError(
+            f"plan {plan.describe()}: needs a DeepSpeed engine (ZeRO, 16-bit weights or "
+            "offload): give the Trainer its DeepSpeed config (deepspeed=True)"
+        )
+    autocast = not deepspeed and plan.precision.startswith("amp_")
+    dtype = plan.precision.removeprefix("amp_") if autocast else plan.precision
     args: dict[str, Any] = {
         "per_device_train_batch_size": plan.micro_batch,
         "gradient_accumulation_steps": plan.grad_accum,
-        "bf16": plan.precision == "bf16",
-        "fp16": plan.precision == "fp16",
+        "bf16": dtype == "bf16",
+        "fp16": dtype == "fp16",
         "max_grad_norm": 1.0,
     }
     if plan.dataloader_workers or plan.pin_memory:

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.estimator import BUCKET_SIZE, STAGE3_PERSISTENCE_THRESHOLD, bucket_elements
-from autotune.records import AutotuneError, Capabilities, Plan, Recommendation
+from autotune.records import AutotuneError, Capabilities, Plan, Recommendation, parse_plan
 
 Config = dict[str, Any]
+PlanLike = Plan | Recommendation | str
+"""What a deliverable is made from: a plan, a recommendation (its plan), or a plan string."""
 
 # DeepSpeed's own defaults, written out so the file shows what the engine will use.
 STAGE3_PREFETCH_BUCKET_SIZE = 50_000_000
@@ -107,6 +109,26 @@ KNOWN_TOP_LEVEL_KEYS = frozenset(
 )
 
 
+def as_plan(given: object, blocks: int | None = None) -> Plan:
+    """The plan a deliverable is made from: a :class:`Plan`, a :class:`Recommendation`'s, or a
+    plan string read by :func:`~autotune.records.parse_plan` (``ckpt=all`` is every one of the
+    model's ``blocks``, refused where that count is not known).
+
+    Raises:
+        AutotuneError: anything else, or a bad plan string; one line.
+    """
+    if isinstance(given, Plan):
+        return given
+    if isinstance(given, Recommendation):
+        return given.plan
+    if isinstance(given, str):
+        return parse_plan(given, flag="plan", blocks=blocks)
+    raise AutotuneError(
+        "plan: takes a Plan, a Recommendation or a plan string such as 'stage=2,mb=4' "
+        f"(got {type(given).__name__})"
+    )
+
+
 @dataclass(frozen=True)
 class EmittedConfig:
     """A checked config, and the fully resolved form DeepSpeed's own parser should see."""
@@ -119,7 +141,7 @@ class EmittedConfig:
 
 
 def emit_deepspeed_config(
-    plan_or_recommendation: Plan | Recommendation,
+    plan_or_recommendation: PlanLike,
     *,
     world_size: int | None = None,
     base: Config | None = None,
@@ -131,8 +153,9 @@ def emit_deepspeed_config(
     """A ready DeepSpeed config for a plan, checked by autotune's rules before it is returned.
 
     Args:
-        plan_or_recommendation: a :class:`~autotune.records.Plan` or a
-            :class:`~autotune.records.Recommendation` (its ``plan`` is used).
+        plan_or_recommendation: a :class:`~autotune.records.Plan`, a
+            :class:`~autotune.records.Recommendation` (its ``plan`` is used), or a plan string
+            such as ``"stage=2,mb=4"``.
         world_size: data-parallel ranks the config is for; defaults to the plan's
             ``gpus_per_node x nodes``. ``train_batch_size`` is micro-batch x
             accumulation x this.
@@ -155,17 +178,13 @@ def emit_deepspeed_config(
         AutotuneError: one line naming the key at fault, when the config would be
             invalid or contradict the plan.
     """
-    plan = (
-        plan_or_recommendation
-        if isinstance(plan_or_recommendation, Plan)
-        else plan_or_recommendation.plan
-    )
+    plan = as_plan(plan_or_recommendation)
     if plan.engine != "deepspeed":
         raise AutotuneError(
             f"plan {plan.describe()}: engine={plan.engine} has no DeepSpeed config "
             "(its deliverable is fsdp2_config / `autotune config --plan engine=fsdp2,...`)"
         )
-    if not isinstance(plan_or_recommendation, Plan):
+    if isinstance(plan_or_recommendation, Recommendation):
         if capabilities is None:
             capabilities = plan_or_recommendation.capabilities
         if parameters is None:

@@ -20,6 +20,12 @@ class AutotuneError(Exception):
     exit_code = 2
 
 
+def named(field: str, flag: str | None = None) -> str:
+    """How every record check names what it refuses: the field a Python caller sets and the
+    flag a CLI user gives, ``trials (--trials)`` (``flag`` defaults to the field's own name)."""
+    return f"{field} ({flag or '--' + field.replace('_', '-')})"
+
+
 class Terminated(BaseException):
     """SIGTERM arrived: raised so that ``finally`` blocks run (trials are given back,
     child process groups killed) before the process exits with 128 + the signal.

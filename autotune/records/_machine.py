@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
-from autotune.records._errors import AutotuneError
+from autotune.records._errors import AutotuneError, named
+from autotune.records._units import parse_bytes
 
 if TYPE_CHECKING:
     from autotune.records._profile import ProfileRecord
@@ -18,19 +19,23 @@ allocator fragmentation, communication buffers, the CUDA context)."""
 
 BudgetSource = Literal["given", "device", "available_ram"]
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+SMALLEST_SIZE = 2**20
+"""A bare int below this (1 MiB) is refused as a size: ``device_memory=80`` meant GB or GiB."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Machine:
     """What the target machine offers. ``None`` means "not known here", never zero.
 
-    Checked when built: every bad field gives one line naming its flag.
+    Checked when built: every bad field gives one line naming the field and its flag. A size
+    (``device_memory``, ``host_memory``) is bytes, or a string with a unit such as ``"80GiB"``.
     """
 
     device: str = "auto"
     """Where steps run: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``--device``)."""
     device_memory: int | None = None
-    """Bytes each device may use (``--device-memory``); ``None``: no budget, fit unknown."""
+    """Bytes each device may use, or a size such as ``"80GiB"`` (``--device-memory``); ``None``:
+    no budget, fit unknown."""
     budget_source: BudgetSource | None = None
     """Where ``device_memory`` came from: the user, the profiled GPU, or (a CPU profile,
     nothing given) this machine's available memory. ``None`` while no budget is known."""
@@ -48,27 +53,28 @@ class Machine:
     pcie_gbps: float | None = None
     """Host-device link, Gbit/s (offload time); ``None``: unknown."""
     host_memory: int | None = None
-    """Host RAM per node an offloaded plan's states may take (``--host-memory``); ``None``:
-    this machine's available memory, filled in with the budget (:meth:`with_default_budget`)."""
+    """Host RAM per node an offloaded plan's states may take, bytes or a size such as
+    ``"512GiB"`` (``--host-memory``); ``None``: this machine's available memory, filled in with
+    the budget (:meth:`with_default_budget`)."""
 
     def __post_init__(self) -> None:
         if not _DEVICE.fullmatch(self.device):
             raise AutotuneError(
-                f"--device: must be auto, cpu, cuda or cuda:N (got {self.device!r})"
+                f"{named('device')}: must be auto, cpu, cuda or cuda:N (got {self.device!r})"
             )
-        if self.device_memory is not None and self.device_memory < 1:
-            raise AutotuneError(f"--device-memory: must be positive (got {self.device_memory} B)")
+        for field in ("device_memory", "host_memory"):
+            object.__setattr__(self, field, _size(getattr(self, field), named(field)))
         if not 0.0 <= self.margin <= 0.9:
-            raise AutotuneError(f"--margin: {self.margin:g} is not a share in [0, 0.9]")
-        for flag, count in (("--nproc-per-node", self.gpus_per_node), ("--nnodes", self.nodes)):
-            if count < 1:
-                raise AutotuneError(f"{flag}: must be >= 1 (got {count})")
-        if self.host_memory is not None and self.host_memory < 1:
-            raise AutotuneError(f"--host-memory: must be positive (got {self.host_memory} B)")
-        for flag, speed in (("--intra-gbps", self.intra_gbps), ("--inter-gbps", self.inter_gbps),
-                            ("--pcie-gbps", self.pcie_gbps)):  # fmt: skip
+            raise AutotuneError(f"{named('margin')}: {self.margin:g} is not a share in [0, 0.9]")
+        for field, flag in (("gpus_per_node", "--nproc-per-node"), ("nodes", "--nnodes")):
+            if getattr(self, field) < 1:
+                raise AutotuneError(
+                    f"{named(field, flag)}: must be >= 1 (got {getattr(self, field)})"
+                )
+        for field in ("intra_gbps", "inter_gbps", "pcie_gbps"):
+            speed = getattr(self, field)
             if speed is not None and speed <= 0:
-                raise AutotuneError(f"{flag}: must be > 0 (got {speed:g})")
+                raise AutotuneError(f"{named(field)}: must be > 0 (got {speed:g})")
 
     @property
     def world_size(self) -> int:
@@ -120,6 +126,26 @@ class Machine:
             return replace(self, device_memory=free, budget_source="available_ram",
                            host_memory=self.host_memory or free)  # fmt: skip
         return self.with_host_memory()
+
+
+def _size(value: object, name: str) -> int | None:
+    """A size field as bytes: a whole number as given (at least :data:`SMALLEST_SIZE`), a string
+    read by :func:`parse_bytes` (its unit required); ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_bytes(value, name)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 80e9
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise AutotuneError(
+            f"{name}: give bytes or a size with a unit, e.g. '80GiB' (got {value!r})"
+        )
+    if value < 1:
+        raise AutotuneError(f"{name}: must be positive (got {value} B)")
+    if value < SMALLEST_SIZE:
+        raise AutotuneError(f"{name}: {value} bytes? give a size with a unit, e.g. '{value}GiB'")
+    return value
 
 
 def available_memory() -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.records._errors import AutotuneError
+from autotune.records._errors import AutotuneError, named
 from autotune.records._machine import Machine
 from autotune.records._plan import Plan
 
@@ -31,11 +31,13 @@ TIME_PROFILE_STEPS = 3
 is fitted to."""
 
 
-def _at_least(*checks: tuple[str, int | None, int]) -> None:
-    """Each ``(flag, value, low)``: ``value`` (where given) is at least ``low``, else one line."""
-    for flag, value, low in checks:
+def _at_least(record: object, *checks: tuple[str, int]) -> None:
+    """Each ``(field, low)``: the record's ``field`` (where given) is at least ``low``, else one
+    line naming the field and its flag."""
+    for field, low in checks:
+        value = getattr(record, field)
         if value is not None and value < low:
-            raise AutotuneError(f"{flag}: must be >= {low} (got {value})")
+            raise AutotuneError(f"{named(field)}: must be >= {low} (got {value})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,11 +60,12 @@ class ProfileOptions:
     """Checkpoint every block of the block stack (``--checkpointing``)."""
 
     def __post_init__(self) -> None:
-        _at_least(("--batch-size", self.batch_size, 1), ("--steps", self.steps, 1),
-                  ("--warmup", self.warmup, 0))  # fmt: skip
+        _at_least(self, ("batch_size", 1), ("steps", 1), ("warmup", 0))
         Machine(device=self.device)  # its --device check, the one there is
         if self.autocast not in AUTOCASTS:
-            raise AutotuneError(f"--autocast: must be off, bf16 or fp16 (got {self.autocast!r})")
+            raise AutotuneError(
+                f"{named('autocast')}: must be off, bf16 or fp16 (got {self.autocast!r})"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,13 +93,11 @@ class ConfirmOptions:
     """A policy TOML file; ``None``: the default policy (``--policy``)."""
 
     def __post_init__(self) -> None:
-        _at_least(("--batch-size", self.batch_size, 1), ("--steps", self.steps, 1),
-                  ("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0),
-                  ("--max-changes", self.max_changes, 1),
-                  ("--global-batch", self.global_batch, 1))  # fmt: skip
+        _at_least(self, ("batch_size", 1), ("steps", 1), ("repeats", 1), ("warmup", 0),
+                  ("max_changes", 1), ("global_batch", 1))  # fmt: skip
         if not 0 < self.loss_tolerance < 1:
             raise AutotuneError(
-                f"--loss-tolerance: must be between 0 and 1 (got {self.loss_tolerance})"
+                f"{named('loss_tolerance')}: must be between 0 and 1 (got {self.loss_tolerance})"
             )
 
 
@@ -150,24 +151,22 @@ class TuneOptions:
     """The sampler's seed; ``None``: random, so workers sharing a study differ."""
 
     def __post_init__(self) -> None:
-        for flag, value, low in (("--global-batch", self.global_batch, 1), ("--trials", self.trials, 1),
-                                 ("--steps", self.steps, 1), ("--max-steps", self.max_steps, 1),
-                                 ("--warmup", self.warmup, 0), ("--repeats", self.repeats, 0),
-                                 ("--heartbeat-s", self.heartbeat_s, 1)):  # fmt: skip
-            if value < low:
-                raise AutotuneError(f"{flag}: must be >= {low} (got {value})")
-        for flag, seconds in (("--trial-timeout-s", self.trial_timeout_s),
-                              ("--join-timeout-s", self.join_timeout_s),
-                              ("--budget-minutes",
-                               None if self.budget_s is None else self.budget_s / 60)):  # fmt: skip
+        _at_least(self, ("global_batch", 1), ("trials", 1), ("steps", 1), ("max_steps", 1),
+                  ("warmup", 0), ("repeats", 0), ("heartbeat_s", 1))  # fmt: skip
+        for field, flag in (("trial_timeout_s", None), ("join_timeout_s", None),
+                            ("budget_s", "--budget-minutes")):  # fmt: skip
+            seconds = getattr(self, field)
             if seconds is not None and seconds <= 0:
-                raise AutotuneError(f"{flag}: must be > 0 (got {seconds:g})")
+                raise AutotuneError(f"{named(field, flag)}: must be > 0 (got {seconds:g} s)")
         if self.interval_width is not None and not 0 < self.interval_width < 1:
-            raise AutotuneError(f"--interval: {self.interval_width} is not a share in [0, 1)")
+            raise AutotuneError(
+                f"{named('interval_width', '--interval')}: {self.interval_width} is not a share "
+                "in [0, 1)"
+            )
         bad = [name for name in self.engines if name not in ENGINES]
         if bad or not self.engines:
             raise AutotuneError(
-                f"--engines: {','.join(bad) or '(none)'}: use deepspeed and/or fsdp2"
+                f"{named('engines')}: {','.join(bad) or '(none)'}: use deepspeed and/or fsdp2"
             )
 
     def check_machine(self, machine: Machine) -> None:
@@ -178,12 +177,14 @@ class TuneOptions:
             AutotuneError: one line naming the flag.
         """
         if self.global_batch % machine.world_size:
-            ranks = f"--nproc-per-node {machine.gpus_per_node}" + (
-                f" x --nnodes {machine.nodes}" if machine.nodes != 1 else ""
+            ranks = f"{named('gpus_per_node', '--nproc-per-node')} {machine.gpus_per_node}" + (
+                f" x {named('nodes', '--nnodes')} {machine.nodes}" if machine.nodes != 1 else ""
             )
-            raise AutotuneError(f"--global-batch {self.global_batch} does not split over {ranks}")
+            raise AutotuneError(
+                f"{named('global_batch')} {self.global_batch} does not split over {ranks}"
+            )
         if self.baseline is not None and self.baseline.global_batch != self.global_batch:
             raise AutotuneError(
-                f"--baseline: global batch {self.baseline.global_batch} != "
-                f"--global-batch {self.global_batch}"
+                f"{named('baseline')}: global batch {self.baseline.global_batch} != "
+                f"{named('global_batch')} {self.global_batch}"
             )

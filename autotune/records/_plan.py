@@ -152,27 +152,83 @@ _ALIASES = {
 _SHORT = {value: key for key, value in _ALIASES.items() if key in ("stage", "mb", "ga", "ckpt")}
 
 
-def parse_plan(text: str, base: Plan | None = None, flag: str = "--plan") -> Plan:
+_EXAMPLES = {"precision": "bf16", "checkpoint_blocks": "12", "micro_batch": "4", "grad_accum": "8",
+             "zero_stage": "2", "offload_optimizer": "cpu", "offload_param": "cpu",
+             "gpus_per_node": "8", "nodes": "2", "attention": "sdpa", "compile": "true",
+             "dataloader_workers": "4", "pin_memory": "true", "engine": "fsdp2"}  # fmt: skip
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+EVERY_BLOCK = "all"
+"""``ckpt=all``: every one of the model's L blocks, resolved by whoever knows L."""
+Blocks = int | Literal["later"] | None
+"""L as a caller of :func:`parse_plan` knows it: a count; ``"later"`` (read ``ckpt=all`` as 0
+now, parse again once L is known); ``None`` (not known here: ``ckpt=all`` is refused)."""
+
+
+def parse_plan(
+    text: str, base: Plan | None = None, flag: str = "--plan", *, blocks: Blocks = None
+) -> Plan:
     """Read ``"stage=2,mb=4,ckpt=12,precision=bf16"`` into a plan, over ``base``.
 
+    The grammar is the same wherever a plan is given (``--plan``, ``--baseline``, ``--check``,
+    the Python API): ``key=value`` pairs split at commas, each knob once (an alias such as
+    ``mb`` for ``micro_batch`` counts as its knob).
+
+    Args:
+        text: the knobs.
+        base: the plan the knobs change (default: :class:`Plan`'s defaults).
+        flag: the flag or argument the text came from, named in every error.
+        blocks: L, the model's block count, where the caller knows it: ``ckpt=all`` is L and a
+            count above L is refused. ``"later"``: L is known later (a check before any work:
+            ``ckpt=all`` reads as 0). ``None``: L is not known here and ``ckpt=all`` is refused.
+
     Raises:
-        AutotuneError: naming the flag and the bad knob or value.
+        AutotuneError: one line naming the flag and the bad knob or value.
     """
     values = (base or Plan()).model_dump()
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, raw = item.partition("=")
-        name = _ALIASES.get(key.strip(), key.strip())
-        if not sep or name not in Plan.model_fields:
-            known = ", ".join(sorted(set(Plan.model_fields) | set(_ALIASES)))
-            raise AutotuneError(f"{flag}: unknown knob {key.strip()!r} (known: {known})")
-        raw = raw.strip()
-        values[name] = (
-            raw.lower() in ("1", "true", "yes", "on") if name in ("compile", "pin_memory") else raw
-        )
+    every_block = False
+    for name, (key, raw) in _knobs(text, flag).items():
+        if name == "checkpoint_blocks" and raw == EVERY_BLOCK:
+            every_block = True
+        elif name in ("compile", "pin_memory"):
+            if raw.lower() not in _SWITCH:
+                raise AutotuneError(f"{flag}: {key}={raw}: give true or false")
+            values[name] = _SWITCH[raw.lower()]
+        else:
+            values[name] = raw
+    if every_block:
+        if blocks is None:
+            raise AutotuneError(
+                f"{flag}: ckpt=all: the model's block count L is not known here; give ckpt=N"
+            )
+        values["checkpoint_blocks"] = 0 if blocks == "later" else blocks
     try:
-        return Plan.model_validate(values)
+        plan = Plan.model_validate(values)
     except ValueError as exc:
         raise AutotuneError(f"{flag}: {text!r}: {_first_error(exc)}") from None
+    if isinstance(blocks, int) and plan.checkpoint_blocks > blocks:
+        raise AutotuneError(
+            f"{flag}: ckpt={plan.checkpoint_blocks}: more blocks than the model's L={blocks}"
+        )
+    return plan
+
+
+def _knobs(text: str, flag: str) -> dict[str, tuple[str, str]]:
+    """The ``key=value`` items of a plan string by field name: (the key as given, the value)."""
+    known = sorted(set(Plan.model_fields) | set(_ALIASES))
+    knobs: dict[str, tuple[str, str]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        name = _ALIASES.get(key, key)
+        if name not in Plan.model_fields:
+            raise AutotuneError(f"{flag}: unknown knob {key!r} (known: {', '.join(known)})")
+        if not sep or not raw:
+            raise AutotuneError(f"{flag}: {key}: give a value, e.g. {key}={_EXAMPLES[name]}")
+        if name in knobs:
+            first, value = knobs[name]
+            raise AutotuneError(f"{flag}: {name} given twice ({first}={value}, {key}={raw})")
+        knobs[name] = (key, raw)
+    return knobs
 
 
 def format_plan(plan: Plan) -> str:
@@ -192,5 +248,6 @@ def _first_error(exc: ValueError) -> str:
     if callable(errors):
         first = errors()[0]
         loc = ".".join(str(part) for part in first["loc"])
-        return f"{loc}: {first['msg']}" if loc else str(first["msg"])
+        msg = str(first["msg"]).removeprefix("Value error, ")  # pydantic's, for a ValueError
+        return f"{loc}: {msg}" if loc else msg
     return str(exc)

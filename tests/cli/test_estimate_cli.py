@@ -291,3 +291,57 @@ def test_a_traced_config_answers_again_without_torch(tmp_path: Path) -> None:
     # Another config is traced anew (and here, without torch, cannot be).
     config.write_text(json.dumps({**TINY_LLAMA, "hidden_size": 128}))
     assert run(["-c", BLOCK_TORCH]).returncode != 0
+
+
+def test_plan_ckpt_all_is_every_block_of_the_model(profile_json: Path) -> None:
+    """``--plan ckpt=all`` reads as ``--check ckpt=all`` does: every one of the L blocks."""
+    from _profiles import HAND_L
+
+    # a budget given: the default (this machine's available memory) moves between the two runs
+    args = ["estimate", "--profile", str(profile_json), "--json", "--device-memory", "1GiB",
+            "--host-memory", "1GiB"]  # fmt: skip
+    every = runner.invoke(app, [*args, "--plan", "ckpt=all,mb=2"])
+    counted = runner.invoke(app, [*args, "--plan", f"ckpt={HAND_L},mb=2"])
+    assert every.exit_code == 0 and counted.exit_code == 0, every.output
+    (row,) = json.loads(every.stdout)["plans"]
+    assert row["plan"]["checkpoint_blocks"] == HAND_L
+    assert json.loads(every.stdout) == json.loads(counted.stdout)
+
+
+@pytest.mark.parametrize(
+    ("plan", "line"),
+    [
+        ("ckpt=9", "autotune: --plan: ckpt=9: more blocks than the model's L=4"),
+        ("mb=2,checkpoint_blocks=5", "autotune: --plan: ckpt=5: more blocks than the model's L=4"),
+        ("stage", "autotune: --plan: stage: give a value, e.g. stage=2"),
+        ("mb=4,mb=8", "autotune: --plan: micro_batch given twice (mb=4, mb=8)"),
+    ],
+)
+def test_a_plan_the_model_cannot_take_is_refused(profile_json: Path, plan: str, line: str) -> None:
+    """The hand profile's model has 4 blocks: more checkpointed blocks than that is no plan."""
+    result = runner.invoke(app, ["estimate", "--profile", str(profile_json), "--plan", plan])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [line] and result.stdout == ""
+
+
+def test_a_check_row_reads_its_knobs_with_the_plan_grammar() -> None:
+    """``--check`` rows: ``ckpt=all`` waits for L and resolves to it; the rest as ``--plan``."""
+    from autotune.cli._check import read_check
+    from autotune.records import AutotuneError, parse_plan
+
+    claim = read_check("ckpt=all,stage=2,memory=3GB").claim(parse_plan("mb=2"), 32, None)
+    assert (claim.plan.checkpoint_blocks, claim.plan.zero_stage, claim.plan.micro_batch) == (
+        32,
+        2,
+        2,
+    )
+    for row, message in [
+        ("stage,memory=3GB", "--check: stage: give a value, e.g. stage=2"),
+        ("mb=2,mb=4,memory=3GB", "--check: micro_batch given twice (mb=2, mb=4)"),
+        ("memory=3GB,memory=4GB", "--check 'memory=3GB,memory=4GB': memory given twice"),
+    ]:
+        with pytest.raises(AutotuneError) as caught:
+            read_check(row)
+        assert str(caught.value) == message
+    with pytest.raises(AutotuneError, match=r"^--check: ckpt=9: more blocks than the model's L=4$"):
+        read_check("ckpt=9,memory=3GB").claim(parse_plan(""), 4, None)

@@ -47,8 +47,10 @@ def test_estimate_table_through_a_pipe_shows_every_figure_whole(tmp_path: Path) 
         # The table is in GiB here (the largest peak is over 1 GiB), two decimals.
         assert cells[6] == f"{memory['peak'] / 2**30:.2f}"
         assert cells[4] == f"{memory['optimizer_states'] / 2**30:.2f}"
-        assert cells[10] == f"{plan['communication_bytes_per_step'] / 2**30:.2f}"
-        assert cells[11] == f"{plan['train_days']:.1f}"
+        # a GPU profile's grid has offload plans: their host RAM per node is column 7
+        assert cells[7] == f"{plan['host_bytes_per_node'] / 2**30:.2f}"
+        assert cells[11] == f"{plan['communication_bytes_per_step'] / 2**30:.2f}"
+        assert cells[12] == f"{plan['train_days']:.1f}"
     assert not by_plan
 
 

@@ -20,7 +20,7 @@ from autotune.cli import app
         (["missing.py", "--global-batch", "4"], "missing.py: no such model file"),
         (
             ["{model}", "--global-batch", "3", "--nproc", "2"],
-            "--global-batch 3 does not split over --nproc-per-node 2",
+            "global_batch (--global-batch) 3 does not split over gpus_per_node (--nproc-per-node) 2",
         ),
         (
             ["{model}", "--global-batch", "4", "--out-dir", "{model}/runs"],
@@ -28,7 +28,10 @@ from autotune.cli import app
         ),
         (["{model}", "--global-batch", "4", "--baseline", "mb=x"], "--baseline"),
         (["{model}", "--global-batch", "4", "--device-memory", "lots"], "--device-memory"),
-        (["{model}", "--global-batch", "4", "--interval", "1.5"], "--interval: 1.5"),
+        (
+            ["{model}", "--global-batch", "4", "--interval", "1.5"],
+            "interval_width (--interval): 1.5",
+        ),
         (
             ["{model}", "--global-batch", "4", "--max-steps", "0"],
             "--max-steps: must be >= 1 (got 0)",

@@ -122,6 +122,58 @@ def test_hf_training_arguments_are_real_trainer_arguments(knobs: str, tmp_path: 
     assert getattr(training, switch) == (plan.checkpoint_blocks == 4)
 
 
+# The Trainer's bf16/fp16 per plan precision, from what they mean: with a DeepSpeed config they
+# are its bf16/fp16 sections (16-bit weights); without one, torch.autocast over fp32 weights.
+# fmt: off
+TRAINER_FLAGS = [  # (precision, with the config: (bf16, fp16), without it: (bf16, fp16))
+    ("fp32",     (False, False), (False, False)),
+    ("amp_bf16", (False, False), (True, False)),
+    ("amp_fp16", (False, False), (False, True)),
+    ("bf16",     (True, False),  None),  # 16-bit weights: DeepSpeed's alone
+    ("fp16",     (False, True),  None),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("precision", "with_config", "plain"), TRAINER_FLAGS)
+def test_the_trainers_precision_switches_follow_the_plan(
+    precision: str, with_config: tuple[bool, bool], plain: tuple[bool, bool] | None
+) -> None:
+    plan = parse_plan(f"mb=2,precision={precision}")
+    args = hf_training_arguments(plan)
+    assert (args["bf16"], args["fp16"]) == with_config
+    if plain is None:
+        with pytest.raises(AutotuneError, match="needs a DeepSpeed engine"):
+            hf_training_arguments(plan, deepspeed=False)
+    else:
+        args = hf_training_arguments(plan, deepspeed=False)
+        assert (args["bf16"], args["fp16"]) == plain
+
+
+@pytest.mark.parametrize("precision", [row[0] for row in TRAINER_FLAGS])
+@pytest.mark.parametrize("hf_auto", [False, True])
+def test_the_trainer_accepts_the_plans_config_and_keeps_its_precision(
+    precision: str, hf_auto: bool, tmp_path: Path
+) -> None:
+    """The Trainer's own check (``HfTrainerDeepSpeedConfig``): no mismatch between the config
+    and the arguments, and the config it ends with still runs the plan's precision."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    plan = parse_plan(f"stage=2,mb=2,ga=2,precision={precision}")
+    training = transformers.TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, **hf_training_arguments(plan)
+    )
+    trainer_config = HfTrainerDeepSpeedConfig(deepspeed_config(plan, hf_auto=hf_auto))
+    trainer_config.trainer_config_process(training)
+    assert trainer_config.mismatches == []
+    final = trainer_config.config
+    assert final["bf16"]["enabled"] is (precision == "bf16")
+    assert final["fp16"]["enabled"] is (precision == "fp16")
+    autocast = {"amp_bf16": "bfloat16", "amp_fp16": "float16"}.get(precision)
+    assert (final.get("torch_autocast") or {}).get("dtype") == autocast
+
+
 def test_recommend_rejects_a_batch_that_does_not_split() -> None:
     with pytest.raises(AutotuneError, match="multiple of world_size 4"):
         autotune.recommend("model.py", global_batch=6, world_size=4)

@@ -1,7 +1,7 @@
 """One default per knob: every option of ``autotune profile``, ``confirm`` and ``tune`` that is a
 field of its options record takes the record's default; the rest are the machine's (checked
 against :class:`Machine`), the model's source, or where the output goes. The records refuse a
-bad value with one line naming its flag."""
+bad value with one line naming its field and flag."""
 
 from __future__ import annotations
 
@@ -154,33 +154,43 @@ def test_the_check_finds_a_written_default(tmp_path: Path) -> None:
 
 
 BAD = [
-    (ProfileOptions, {"batch_size": 0}, "--batch-size"),
-    (ProfileOptions, {"batch_size": 1, "steps": 0}, "--steps"),
-    (ProfileOptions, {"batch_size": 1, "warmup": -1}, "--warmup"),
-    (ProfileOptions, {"batch_size": 1, "device": "gpu"}, "--device"),
-    (ProfileOptions, {"batch_size": 1, "autocast": "fp8"}, "--autocast"),
-    (ConfirmOptions, {"batch_size": 0}, "--batch-size"),
-    (ConfirmOptions, {"batch_size": 1, "steps": 0}, "--steps"),
-    (ConfirmOptions, {"batch_size": 1, "repeats": 0}, "--repeats"),
-    (ConfirmOptions, {"batch_size": 1, "warmup": -1}, "--warmup"),
-    (ConfirmOptions, {"batch_size": 1, "loss_tolerance": 2.0}, "--loss-tolerance"),
-    (ConfirmOptions, {"batch_size": 1, "loss_tolerance": 0.0}, "--loss-tolerance"),
-    (ConfirmOptions, {"batch_size": 1, "max_changes": 0}, "--max-changes"),
-    (ConfirmOptions, {"batch_size": 1, "global_batch": 0}, "--global-batch"),
-    (TuneOptions, {"global_batch": 8, "trials": 0}, "--trials"),
-    (TuneOptions, {"global_batch": 8, "interval_width": 1.5}, "--interval"),
-    (TuneOptions, {"global_batch": 8, "engines": ("megatron",)}, "--engines"),
+    (ProfileOptions, {"batch_size": 0}, "batch_size (--batch-size)"),
+    (ProfileOptions, {"batch_size": 1, "steps": 0}, "steps (--steps)"),
+    (ProfileOptions, {"batch_size": 1, "warmup": -1}, "warmup (--warmup)"),
+    (ProfileOptions, {"batch_size": 1, "device": "gpu"}, "device (--device)"),
+    (ProfileOptions, {"batch_size": 1, "autocast": "fp8"}, "autocast (--autocast)"),
+    (ConfirmOptions, {"batch_size": 0}, "batch_size (--batch-size)"),
+    (ConfirmOptions, {"batch_size": 1, "steps": 0}, "steps (--steps)"),
+    (ConfirmOptions, {"batch_size": 1, "repeats": 0}, "repeats (--repeats)"),
+    (ConfirmOptions, {"batch_size": 1, "warmup": -1}, "warmup (--warmup)"),
+    (ConfirmOptions, {"batch_size": 1, "loss_tolerance": 2.0}, "loss_tolerance (--loss-tolerance)"),
+    (ConfirmOptions, {"batch_size": 1, "loss_tolerance": 0.0}, "loss_tolerance (--loss-tolerance)"),
+    (ConfirmOptions, {"batch_size": 1, "max_changes": 0}, "max_changes (--max-changes)"),
+    (ConfirmOptions, {"batch_size": 1, "global_batch": 0}, "global_batch (--global-batch)"),
+    (TuneOptions, {"global_batch": 8, "trials": 0}, "trials (--trials)"),
+    (TuneOptions, {"global_batch": 8, "budget_s": -60.0}, "budget_s (--budget-minutes)"),
+    (TuneOptions, {"global_batch": 8, "join_timeout_s": 0.0}, "join_timeout_s (--join-timeout-s)"),
+    (TuneOptions, {"global_batch": 8, "interval_width": 1.5}, "interval_width (--interval)"),
+    (TuneOptions, {"global_batch": 8, "engines": ("megatron",)}, "engines (--engines)"),
+    (Machine, {"device": "tpu"}, "device (--device)"),
+    (Machine, {"gpus_per_node": 0}, "gpus_per_node (--nproc-per-node)"),
+    (Machine, {"nodes": 0}, "nodes (--nnodes)"),
+    (Machine, {"margin": 0.95}, "margin (--margin)"),
+    (Machine, {"inter_gbps": 0.0}, "inter_gbps (--inter-gbps)"),
+    (Machine, {"device_memory": -1}, "device_memory (--device-memory)"),
+    (Machine, {"host_memory": "lots"}, "host_memory (--host-memory)"),
 ]
 
 
-@pytest.mark.parametrize(("record", "fields", "flag"), BAD)
-def test_a_bad_value_is_one_line_naming_its_flag(
-    record: type, fields: dict[str, Any], flag: str
+@pytest.mark.parametrize(("record", "fields", "named"), BAD)
+def test_a_bad_value_is_one_line_naming_its_field_and_flag(
+    record: type, fields: dict[str, Any], named: str
 ) -> None:
+    """From Python or the CLI, the line names both: the keyword and the flag that set it."""
     with pytest.raises(AutotuneError) as raised:
         record(**fields)
     message = str(raised.value)
-    assert message.startswith(f"{flag}:") and "\n" not in message
+    assert message.startswith(f"{named}:") and "\n" not in message
 
 
 @pytest.mark.parametrize("record", [ProfileOptions, ConfirmOptions, TuneOptions])

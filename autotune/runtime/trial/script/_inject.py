@@ -79,11 +79,7 @@ def training_arguments(current: ScriptTrial) -> dict[str, Any]:
     settings = current.settings
     measured = settings.max_steps if settings.interval_width is not None else settings.steps
     plan = current.plan
-    fields = hf_training_arguments(plan)
-    if plan.precision.startswith("amp_") and not uses_engine(current):
-        # Without DeepSpeed the Trainer's bf16/fp16 is autocast over fp32 weights: amp. With it
-        # the config's torch_autocast section does it, and the switches must stay off.
-        fields["bf16" if plan.precision == "amp_bf16" else "fp16"] = True
+    fields = hf_training_arguments(plan, deepspeed=uses_engine(current))
     fields.update(
         gradient_checkpointing=False, activation_checkpointing=False,  # blocks: _attach
         max_steps=settings.warmup + measured + 2,  # the trial stops the run itself before
