@@ -36,6 +36,15 @@ NPROC_PER_NODE = typer.Option(
     help="Devices (ranks) on each node, as torchrun counts them.",
 )
 NNODES = typer.Option(Machine.nodes, "--nnodes", min=1, help="Nodes, as torchrun counts them.")
+PCIE_GBPS = typer.Option(
+    None, "--pcie-gbps", callback=above(0), help="Host-device link, Gbit/s (offload time)."
+)
+HOST_MEMORY = typer.Option(
+    None,
+    "--host-memory",
+    help="Host RAM per node an offloaded plan may take, with a unit (e.g. 512GiB); "
+    "default: this machine's available memory.",
+)
 INTER_GBPS = typer.Option(
     None,
     "--inter-gbps",

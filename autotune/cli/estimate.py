@@ -64,15 +64,8 @@ def estimate_command(
         None, "--intra-gbps", callback=above(0), help="Gbit/s in a node."
     ),
     inter_gbps: float | None = _options.INTER_GBPS,
-    pcie_gbps: float | None = typer.Option(
-        None, "--pcie-gbps", callback=above(0), help="Host-device link, Gbit/s (offload time)."
-    ),
-    host_memory: str | None = typer.Option(
-        None,
-        "--host-memory",
-        help="Host RAM per node an offloaded plan may take, with a unit (e.g. 512GiB); "
-        "default: this machine's available memory.",
-    ),
+    pcie_gbps: float | None = _options.PCIE_GBPS,
+    host_memory: str | None = _options.HOST_MEMORY,
     plan: list[str] = typer.Option(
         [], "--plan", help="Knobs, e.g. stage=2,mb=4,ckpt=12 or ckpt=all (repeatable)."
     ),

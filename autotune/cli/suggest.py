@@ -25,15 +25,8 @@ def suggest_command(
     nproc_per_node: int = _options.NPROC_PER_NODE,
     nnodes: int = _options.NNODES,
     inter_gbps: float | None = _options.INTER_GBPS,
-    pcie_gbps: float | None = typer.Option(
-        None, "--pcie-gbps", min=0.001, help="Host-device link, Gbit/s (offload time)."
-    ),
-    host_memory: str | None = typer.Option(
-        None,
-        "--host-memory",
-        help="Host RAM per node an offloaded plan may take, with a unit (e.g. 512GiB); "
-        "default: this machine's available memory.",
-    ),
+    pcie_gbps: float | None = _options.PCIE_GBPS,
+    host_memory: str | None = _options.HOST_MEMORY,
     global_batch: int | None = typer.Option(
         None,
         "--global-batch",
