@@ -5,7 +5,6 @@ functions, so importing this module imports no torch."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ from autotune.records import (
     AutotuneError,
     Machine,
     ProfileRecord,
-    available_memory,
 )
 
 TRACED_PRECISIONS = ("fp32", "amp_bf16", "bf16")
@@ -136,19 +134,12 @@ def default_budget(machine: Machine, device: str = "auto") -> Machine:
     """``machine`` with the default device's budget where none was given, for a road with no
     profile: the GPU's memory where plans run on one this machine has, this machine's available
     memory where they run on its CPU; unchanged (no budget) for a GPU this machine lacks."""
-    if machine.device_memory is not None:
-        given = machine if machine.budget_source else replace(machine, budget_source="given")
-        return given.with_host_memory()
-    if device_type(device) == "cpu":  # one reading: the host is the device here
-        free = available_memory()
-        return replace(machine, device_memory=free, budget_source="available_ram",
-                       host_memory=machine.host_memory or free)  # fmt: skip
-    from autotune.runtime.trace import device_memory
+    kind, gpu = device_type(device), None
+    if machine.device_memory is None and kind == "cuda":
+        from autotune.runtime.trace import device_memory
 
-    memory = device_memory(device)
-    machine = machine.with_host_memory()
-    return machine if memory is None else replace(machine, device_memory=memory,
-                                                  budget_source="device")  # fmt: skip
+        gpu = device_memory(device)
+    return machine.with_budget_for(kind, gpu)
 
 
 def device_type(device: str) -> str:

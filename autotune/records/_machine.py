@@ -109,19 +109,24 @@ class Machine:
         return replace(self, host_memory=available_memory())
 
     def with_default_budget(self, profile: ProfileRecord) -> Machine:
-        """This machine with a budget filled in where none was given: the profiled GPU's
-        memory, or on a CPU this machine's available memory now (psutil); and the host memory
-        an offloaded plan may take (:meth:`with_host_memory`)."""
+        """This machine with a budget filled in where none was given, for the profiled device
+        (:meth:`with_budget_for`)."""
+        gpu = profile.environment.device_memory_bytes if profile.config.device == "cuda" else None
+        return self.with_budget_for(profile.config.device, gpu)
+
+    def with_budget_for(self, device_type: str, gpu_memory: int | None) -> Machine:
+        """This machine with a budget filled in where none was given: ``gpu_memory`` for a
+        ``cuda`` device (none where it is not known), or on a CPU this machine's available
+        memory now (psutil); and the host memory an offloaded plan may take
+        (:meth:`with_host_memory`)."""
         if self.device_memory is not None:
             given = self if self.budget_source else replace(self, budget_source="given")
             return given.with_host_memory()
-        if profile.config.device == "cuda" and profile.environment.device_memory_bytes:
+        if device_type == "cuda" and gpu_memory:
             return replace(
-                self,
-                device_memory=profile.environment.device_memory_bytes,
-                budget_source="device",
+                self, device_memory=gpu_memory, budget_source="device"
             ).with_host_memory()
-        if profile.config.device == "cpu":  # one reading: the host is the device here
+        if device_type == "cpu":  # one reading: the host is the device here
             free = available_memory()
             return replace(self, device_memory=free, budget_source="available_ram",
                            host_memory=self.host_memory or free)  # fmt: skip
