@@ -59,3 +59,31 @@ def test_a_deliverable_of_anything_else_is_one_line(given: object, line: str) ->
     with pytest.raises(AutotuneError) as caught:
         autotune.deepspeed_config(given)  # type: ignore[arg-type]
     assert str(caught.value) == line
+
+
+def test_recommend_refuses_a_model_too_large_to_profile_here_before_any_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Llama-2-7B (6,738,415,616 parameters, its model card) takes 16 bytes a parameter in a
+    real fp32 Adam step: 100.4 GiB, more than half of any machine this suite runs on."""
+    import psutil
+
+    from autotune.runtime import profiler
+
+    if psutil.virtual_memory().available > 200 * 2**30:
+        pytest.skip("this machine could profile Llama-2-7B")
+
+    def no_profile(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled before refusing")
+
+    monkeypatch.setattr(profiler, "profile", no_profile)
+    with pytest.raises(AutotuneError) as refused:
+        autotune.recommend(hf_config="examples/configs/llama2_7b.json", seq_len=128,
+                           global_batch=8, device="cpu")  # fmt: skip
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith("recommend: hf_config=examples/configs/llama2_7b.json: ")
+    assert (
+        f"{6_738_415_616 / 1e9:.2f}B parameters take {16 * 6_738_415_616 / 2**30:.1f} GiB" in line
+    )
+    assert "autotune estimate --hf-config" in line

@@ -113,6 +113,10 @@ def recommend(
 
         with model_source(model_file_or_callables, hf_config=hf_config, hf_model=hf_model,
                           seq_len=seq_len, task=task) as source:  # fmt: skip
+            if saved is None:  # a profile would run real steps of it: refused now if too large
+                given = {"hf_config": hf_config, "hf_model": hf_model}
+                name = next((f"{k}={v}" for k, v in given.items() if v), str(source.path))
+                compose.refuse_oversized(source.path, machine.device, f"recommend: {name}")
             rec = _recommend(source.path, search, options, machine, runner, saved)
         return rec.model_copy(update={"model_file": source.label})
     with tempfile.TemporaryDirectory(prefix="autotune-hooks-") as directory:

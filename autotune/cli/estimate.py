@@ -299,6 +299,18 @@ def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}x"
 
 
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def samples_per_s_per_device(est: PlanEstimate) -> float | None:
+    """Predicted samples per second each device trains: samples per step / seconds / devices."""
+    seconds, plan = est.predicted_step_seconds, est.plan
+    if not seconds:
+        return None
+    return plan.micro_batch * plan.grad_accum / seconds
+
+
 def _reference(record: EstimateRecord) -> Plan:
     return record.baseline or record.plans[0].plan
 
@@ -367,7 +379,9 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
     best = _best(rows, reference) if ranked_rows else None
     columns = [*(["best"] if ranked_rows else []), "plan", "params", "grads", "optim", "act"]
     hosted = any(est.host_bytes_per_node for est in record.plans)
-    columns += ["peak", *(["host/node"] if hosted else []), "fits", "time", "speed", "comm/step"]
+    timed = any(est.predicted_step_seconds for est in record.plans)
+    clock = ["s/step", "samples/s/dev"] if timed else ["time", "speed"]
+    columns += ["peak", *(["host/node"] if hosted else []), "fits", *clock, "comm/step"]
     columns += ["days"] if record.train_tokens else []
     shown = rows[:top]
     widest = max(len(_short(est.plan)) for est in shown)
@@ -392,8 +406,14 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
             size(mem.peak),
             *([size(est.host_bytes_per_node)] if hosted else []),
             fits,
-            _ratio(est.predicted_step_time_ratio),
-            _ratio(relative_throughput(est, reference)),
+            *(
+                [_seconds(est.predicted_step_seconds), _seconds(samples_per_s_per_device(est))]
+                if timed
+                else [
+                    _ratio(est.predicted_step_time_ratio),
+                    _ratio(relative_throughput(est, reference)),
+                ]
+            ),
             size(est.communication_bytes_per_step),
         ]
         if record.train_tokens:
@@ -404,7 +424,15 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
 
 def _ranking_lines(record: EstimateRecord, ranked_rows: bool, top: int | None) -> list[str]:
     reference = _reference(record)
-    lines = [f"speed: predicted samples/s over {reference.describe()}'s (samples per step / time)"]
+    if any(est.predicted_step_seconds for est in record.plans):
+        lines = [
+            "s/step: predicted seconds per optimizer step; samples/s/dev: samples each device "
+            "trains per second (micro-batch x accumulation / s/step); – where not predicted"
+        ]
+    else:
+        lines = [
+            f"speed: predicted samples/s over {reference.describe()}'s (samples per step / time)"
+        ]
     if ranked_rows:
         rows = ranked(record)
         best = _best(rows, reference)
@@ -437,8 +465,14 @@ def _footer(
     lines += [
         f"model states: formula ({', '.join(sorted({e.accounting for e in record.plans}))} accounting); "
         f"activations: {', '.join(sources)}; peak: {first.memory.peak_composition}",
-        f"time: ratio to {record.baseline.describe() if record.baseline else 'the first plan'} "
-        f"({first.time_source or 'not predicted'}); communication not overlapped with compute",
+        (
+            "time: the profile's measured phases scaled to each plan (data, forward, backward "
+            "with recompute, accumulation, the optimizer step over the rank's shard)"
+            if any(est.predicted_step_seconds for est in record.plans)
+            else f"time: ratio to {record.baseline.describe() if record.baseline else 'the first plan'} "
+            f"({first.time_source or 'not predicted'})"
+        )
+        + "; communication not overlapped with compute",
         record.margin_note,
     ]
     notes = sorted({note for est in record.plans for note in est.notes})

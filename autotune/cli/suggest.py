@@ -145,7 +145,13 @@ def _predicted(pred: object) -> str:
         return f"{memory}; step time not predicted"
     # The estimate scales measured phase times: a prediction, though from measured numbers.
     how = "formula on measured times" if pred.time_source == "measured" else pred.time_source
-    return f"{memory}; step time x{pred.step_time_ratio:.2f} ({how})"
+    clock = (
+        f": {pred.step_seconds_after:.3g} s per step, "
+        f"{pred.samples_per_s_per_device_after:.3g} samples/s per device"
+        if pred.step_seconds_after and pred.samples_per_s_per_device_after
+        else ""
+    )
+    return f"{memory}; step time x{pred.step_time_ratio:.2f} per sample ({how}){clock}"
 
 
 def _show(value: object) -> str:

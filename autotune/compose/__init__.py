@@ -15,6 +15,7 @@ from autotune.compose._sources import (
     model_file_facts,
     profile_model,
     profiled_model,
+    refuse_oversized,
     short_profiles,
     with_traced,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "model_file_facts",
     "profile_model",
     "profiled_model",
+    "refuse_oversized",
     "short_profiles",
     "with_traced",
 ]

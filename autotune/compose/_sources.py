@@ -39,6 +39,9 @@ def profile_model(model_path: str | Path, *, trace: bool = True, **options: Any)
     """
     from autotune.runtime.profiler import profile
 
+    refuse_oversized(
+        model_path, options.get("device", "auto"), str(options.get("label") or model_path)
+    )
     record = profile(model_path, **options)
     if not trace:
         return record
@@ -47,6 +50,34 @@ def profile_model(model_path: str | Path, *, trace: bool = True, **options: Any)
     record = with_traced(record, model_path)
     report("trace", 1, 1)
     return record
+
+
+def refuse_oversized(model_path: str | Path, device: str, name: str) -> None:
+    """Refuse, in one line and before any real step, a model whose states (16 bytes a parameter:
+    fp32 weights, gradients, Adam's moments) cannot fit where it would be profiled.
+
+    Raises:
+        AutotuneError: naming ``name``, the size, the room and the road that needs no real step.
+    """
+    from autotune.runtime.trace import (
+        STATE_BYTES_PER_PARAMETER,
+        real_step_parameters,
+        real_step_room,
+    )
+
+    parameters = real_step_parameters(model_path)
+    room, where = real_step_room(device_type(device), device)
+    if parameters is None or room is None:
+        return
+    states = STATE_BYTES_PER_PARAMETER * parameters
+    if states > room:
+        raise AutotuneError(
+            f"{name}: a profile runs real steps, and {parameters / 1e9:.2f}B parameters take "
+            f"{states / 2**30:.1f} GiB of weights, gradients and Adam states, over the "
+            f"{room / 2**30:.1f} GiB of {where}; estimate it from the model alone (`autotune "
+            "estimate --hf-config` or a model file: traced, nothing run), or profile it on a "
+            "machine that fits it"
+        )
 
 
 def with_traced(record: ProfileRecord, model_path: str | Path) -> ProfileRecord:

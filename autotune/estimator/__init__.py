@@ -1,7 +1,7 @@
 """The estimate stage: pure arithmetic that predicts any plan's memory and time before it runs.
 
 Where to change what: the ZeRO model-state, bucket, communication and offload formulas live in
-``_zero.py`` (their one home), FSDP2's (``engine=fsdp2``) in ``_fsdp.py``; activations, FLOPs and step time in ``_costmodel.py``; the peak's
+``_zero.py`` (their one home; the collectives each engine issues and their time on a link in ``_comm.py``), FSDP2's (``engine=fsdp2``) in ``_fsdp.py``; activations, FLOPs and step time in ``_costmodel.py``; the peak's
 moments in ``_peakmodel.py``; facts read from a profile in ``_modelfacts.py``; claim checks in
 ``_claims.py`` (throughput against FLOPs per token in ``_throughput.py``, the GPU peak table in
 ``_device_flops.py``, the physical bounds of a profile's figures in ``_bounds.py``); the per-plan
@@ -23,6 +23,17 @@ from autotune.estimator._bounds import (
 from autotune.estimator._claims import (
     Claim,
     ClaimCheck,
+)
+from autotune.estimator._comm import (
+    Calls,
+    Link,
+    bus_bytes,
+    collective_seconds,
+    fit_link,
+    link_measure,
+    plan_link,
+    step_calls,
+    step_communication,
 )
 from autotune.estimator._costmodel import (
     train_days,
@@ -63,6 +74,15 @@ from autotune.estimator._zero import (
 )
 
 __all__ = [
+    "Calls",
+    "Link",
+    "bus_bytes",
+    "collective_seconds",
+    "fit_link",
+    "link_measure",
+    "plan_link",
+    "step_calls",
+    "step_communication",
     "BF16_RATIO_FIGURE",
     "FACT_OF_FIGURE",
     "HFU_FIGURE",

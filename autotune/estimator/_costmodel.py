@@ -165,6 +165,7 @@ def step_seconds(
     grad_accum: int = 1,
     checkpoint_blocks: int = 0,
     optimizer_scale: float = 1.0,
+    optimizer_seconds: float | None = None,
     extra_seconds: float = 0.0,
 ) -> float:
     """Predicted seconds per optimizer step of a plan, scaled from a measured baseline.
@@ -174,7 +175,8 @@ def step_seconds(
     block carries one more forward of that block (recomputation), so the
     baseline's own recompute is taken out first. The
     optimizer step scales with the trainable parameters it updates on this
-    device (``optimizer_scale``); communication and offload time that is not
+    device (``optimizer_scale``), unless ``optimizer_seconds`` gives the step's own figure
+    (an optimizer offloaded to the host's CPU); communication and offload time that is not
     overlapped is ``extra_seconds``.
     """
     data, forward, backward = base.scaled(micro_batch)
@@ -184,4 +186,12 @@ def step_seconds(
     recompute = share * forward + base.recompute_fixed  # seconds per checkpointed block
     pure_backward = max(backward - k0 * recompute, 0.0)
     micro = data + forward + pure_backward + k * recompute
-    return grad_accum * micro + base.optimizer * optimizer_scale + extra_seconds
+    step = base.optimizer * optimizer_scale if optimizer_seconds is None else optimizer_seconds
+    return grad_accum * micro + step + extra_seconds
+
+
+def host_adam_seconds(partition: float, ranks_per_node: int, elements_per_s: float) -> float:
+    """Seconds an offloaded Adam step takes: each of a node's ranks steps its ``partition`` of
+    fp32 elements on the host's CPU at once, so the node's cores step them all at the host's
+    measured rate."""
+    return partition * ranks_per_node / elements_per_s

@@ -13,6 +13,7 @@ from pydantic import Field
 from autotune.estimator import _costmodel as cm
 from autotune.estimator import _zero as zero
 from autotune.estimator._claims import Claim, ClaimCheck, check_claim, plan_train_days
+from autotune.estimator._comm import step_communication
 from autotune.estimator._modelfacts import (
     ActivationSpec,
     Baseline,
@@ -162,12 +163,22 @@ def _baseline_time(facts: ModelFacts, reference: Plan) -> tuple[cm.BaselineTime,
 
 
 def _step_ratio(
-    facts: ModelFacts, plan: Plan, reference: Plan, extra_seconds: float
+    facts: ModelFacts,
+    plan: Plan,
+    reference: Plan,
+    extra_seconds: float,
+    host_step: tuple[float | None, str | None],
 ) -> tuple[float | None, float | None, Source | None, str | None]:
-    """Predicted step-time ratio to the reference plan, seconds when measured, source, note."""
+    """Predicted step-time ratio to the reference plan, seconds when measured, source, note.
+
+    ``host_step``: the seconds of an optimizer step offloaded to the host, or why unknown.
+    """
     base, source = _baseline_time(facts, reference)
     if source == "measured" and plan.precision != reference.precision:
         return None, None, None, "step time of another precision needs a profile at that precision"
+    host_seconds, why = host_step
+    if source == "measured" and why:
+        return None, None, None, why
     sharded = plan.zero_stage >= 1 and plan.offload_optimizer == "none"
     seconds = cm.step_seconds(
         base,
@@ -175,6 +186,7 @@ def _step_ratio(
         grad_accum=plan.grad_accum,
         checkpoint_blocks=plan.checkpoint_blocks,
         optimizer_scale=1.0 / plan.world_size if sharded else 1.0,
+        optimizer_seconds=host_seconds if source == "measured" else None,
         extra_seconds=extra_seconds if source == "measured" else 0.0,
     )
     ref = cm.step_seconds(
@@ -184,6 +196,29 @@ def _step_ratio(
         checkpoint_blocks=reference.checkpoint_blocks,
     )
     return seconds / ref, seconds if source == "measured" else None, source, None
+
+
+def steps_on_host(plan: Plan) -> bool:
+    """Whether the plan's optimizer steps on the host's CPU: DeepSpeed's ``offload_optimizer``,
+    or FSDP2's ``CPUOffloadPolicy`` (its ``offload_param``), which keeps the states there."""
+    if plan.engine == "fsdp2":
+        return plan.offload_param != "none"
+    return plan.offload_optimizer != "none"
+
+
+def _host_optimizer_seconds(facts: ModelFacts, plan: Plan) -> tuple[float | None, str | None]:
+    """An offloaded plan's optimizer step on the host's CPU, from the rate the profile probed;
+    ``(None, why)`` where the plan offloads and no rate was probed."""
+    if not steps_on_host(plan):
+        return None, None
+    rate = facts.baseline.host_adam_per_s if facts.baseline else None
+    if rate is None:
+        return (
+            None,
+            "the offloaded optimizer's step time needs a profile that probed the host's Adam rate",
+        )
+    partition = facts.trainable_parameters / plan.world_size
+    return cm.host_adam_seconds(partition, plan.gpus_per_node, rate), None
 
 
 def estimate_plan(
@@ -232,11 +267,8 @@ def estimate_plan(
             "the other, more frequent mode"
         )
     psi = facts.trainable_parameters
-    comm = zero.communication_elements(psi, plan.zero_stage, plan.world_size, plan.grad_accum)
-    comm_bytes = comm * cm.communicated_bytes_per_element(plan.precision)
-    comm_s = cm.transfer_seconds(
-        comm_bytes, machine.inter_gbps if plan.nodes > 1 else machine.intra_gbps
-    )
+    comm_bytes, comm_s, comm_note = step_communication(plan, psi, facts.parameter_sizes, machine)
+    notes.extend(note for note in (comm_note,) if note)
     offload = zero.offload_bytes_per_step(
         parameters=facts.parameters,
         trainable=psi,
@@ -252,9 +284,16 @@ def estimate_plan(
     if offload and offload_s is None:
         notes.append("offload transfer time not included: no PCIe bandwidth given")
     ref = facts.baseline.plan if facts.baseline else (reference or plan)
+    host_step = _host_optimizer_seconds(facts, plan)
     ratio, seconds, time_source, time_note = _step_ratio(
-        facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0)
+        facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0), host_step
     )
+    if host_step[0] is not None and time_source == "measured":
+        notes.append(
+            f"the optimizer steps on the host's CPU: {host_step[0]:.3f} s per step at the rate "
+            "the profile probed (torch's fused Adam on the profiling machine's CPU, which "
+            "stands in for the target's)"
+        )
     notes.extend(note for note in (time_note,) if note)
     host = host_bytes_per_node(facts, plan)
     host_fits = machine.fits_host(host)

@@ -91,6 +91,9 @@ class Baseline(_Record):
         description="measured: seconds per checkpointed block beyond its share of the forward",
     )
     time_fit: str = Field(default="proportional to the micro-batch (one profile)")
+    host_adam_per_s: float | None = Field(
+        default=None, description="measured: elements per second the host's CPU steps Adam at"
+    )
 
 
 class ModelFacts(_Record):
@@ -211,6 +214,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             backward=time.backward,
             optimizer=time.optimizer,
             tokens_per_s=profile.throughput.tokens_per_s,
+            host_adam_per_s=profile.environment.host_adam_per_s,
         ),
         peak_flops_per_s=profile.compute.peak_flops_per_s,
         device_type=profile.config.device,

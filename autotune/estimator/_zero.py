@@ -162,26 +162,6 @@ def zero_bucket_bytes(
     return bucket_elements * w * (2 if amp else 1) * (2 if overlap_comm else 1)
 
 
-def communication_elements(
-    psi: float, zero_stage: int, world_size: int, grad_accum: int = 1
-) -> float:
-    """Elements each device sends per optimizer step (ZeRO paper volumes).
-
-    Stages 0 and 1 all-reduce the gradients once per step (2 psi). Stage 2
-    reduce-scatters gradients every micro-batch (psi each) and all-gathers the
-    updated parameters once (psi): 2 psi without accumulation. Stage 3 also
-    all-gathers the parameters in forward and backward of every micro-batch:
-    3 psi per micro-batch.
-    """
-    if world_size <= 1:
-        return 0.0
-    if zero_stage <= 1:
-        return 2.0 * psi
-    if zero_stage == 2:
-        return psi * grad_accum + psi
-    return 3.0 * psi * grad_accum
-
-
 def offload_bytes_per_step(
     *,
     parameters: float,

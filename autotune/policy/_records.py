@@ -30,6 +30,16 @@ class Predicted(Record):
         description="step time after / before; < 1 is faster. A change of the samples per "
         "step (micro-batch x accumulation) is compared per sample"
     )
+    step_seconds_after: float | None = Field(
+        default=None,
+        description="predicted seconds per optimizer step of the plan after; None: not "
+        "predicted (no profile at the plan's precision, or a figure it cannot scale)",
+    )
+    samples_per_s_per_device_after: float | None = Field(
+        default=None,
+        description="samples each device trains per second after: micro-batch x accumulation "
+        "/ step_seconds_after",
+    )
     memory_source: Literal["measured", "formula", "traced"]
     time_source: Literal["measured", "formula", "traced"] | None
     host_bytes_after: int = Field(

@@ -17,6 +17,7 @@ from autotune.records._io import (
     validate_record,
     write_record,
 )
+from autotune.records._link import Collective, LinkFit, LinkMeasure, LinkPoint
 from autotune.records._machine import DEFAULT_MARGIN, BudgetSource, Machine, available_memory
 from autotune.records._options import (
     FRONT_SIZE,
@@ -117,6 +118,10 @@ __all__ = [
     "request_path",
     "stop_path",
     "BudgetSource",
+    "Collective",
+    "LinkFit",
+    "LinkMeasure",
+    "LinkPoint",
     "Machine",
     "TuneOptions",
     "available_memory",

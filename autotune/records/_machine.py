@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from autotune.records._errors import AutotuneError, named
+from autotune.records._link import LinkMeasure
 from autotune.records._units import parse_bytes
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class Machine:
     """Link inside a node, Gbit/s (communication time); ``None``: unknown."""
     inter_gbps: float | None = None
     """Link between nodes, Gbit/s (``--inter-gbps``); ``None``: unknown."""
+    link: LinkMeasure | None = None
+    """The link a collective sweep measured between the plan's ranks (``autotune.runtime.link``);
+    a given ``intra_gbps`` / ``inter_gbps`` overrides it. ``None``: not measured."""
     pcie_gbps: float | None = None
     """Host-device link, Gbit/s (offload time); ``None``: unknown."""
     host_memory: int | None = None

@@ -254,6 +254,11 @@ class Environment(_Record):
     deepspeed_version: str | None = None
     capabilities: Capabilities
     nvml: NvmlSample | None = None
+    host_adam_per_s: float | None = Field(
+        default=None,
+        description="elements per second torch's fused Adam steps on this machine's CPU (a "
+        "16 Mi-element probe): the rate an offloaded optimizer step runs at; None: not probed",
+    )
     unavailable: dict[str, str] = Field(
         default_factory=dict, description="field -> why it could not be measured here"
     )

@@ -37,6 +37,7 @@ from autotune.records import (
 )
 from autotune.runtime import _cpu_allocator as cpu_allocator
 from autotune.runtime import _device as dev
+from autotune.runtime import _host as host
 from autotune.runtime import _memory as mem
 from autotune.runtime._blocks import apply_checkpointing, find_block_stack, unique_parameter_count
 from autotune.runtime._step import StepPrecision, StepTiming, TrainRunner
@@ -445,6 +446,7 @@ def _environment(
         deepspeed_version=versions["deepspeed"],
         capabilities=capabilities,
         nvml=timings.nvml,
+        host_adam_per_s=host.host_adam_rate(),
         unavailable=unavailable,
     )
     return environment, {BF16_RATIO_FIGURE: refused} if refused else {}

@@ -549,7 +549,7 @@ def facts_from_model_file(
             label = name + (f" ({'; '.join(reasons)})" if reasons else "")
             return _model_file_facts(traced, seq_len, label)
     if real_step_limit is None:
-        real_step_limit = int(psutil.virtual_memory().available // 2)
+        real_step_limit = real_step_room("cpu", "cpu")[0] or 0
     if meta is not None:
         states = 16 * sum(p.numel() for p in meta.parameters())
         if states > real_step_limit:
@@ -583,6 +583,30 @@ def traced_activations(path: str | Path, precisions: tuple[str, ...]) -> dict[st
     if not precisions:
         return {}
     return facts_from_model_file(path, precisions=precisions, step=False).activations
+
+
+STATE_BYTES_PER_PARAMETER = 16
+"""A real fp32 step with Adam holds the parameter, its gradient and two moments."""
+
+
+def real_step_room(kind: str, device: str) -> tuple[int | None, str]:
+    """Bytes a real step's model states may take on the device a profile would run on (its
+    type ``kind``), and what that room is: the GPU's memory, or half this machine's available
+    memory on a CPU (as the trace's real path allows)."""
+    if kind == "cuda":
+        return device_memory(device), "the GPU's memory"
+    return int(psutil.virtual_memory().available // 2), "half this machine's available memory"
+
+
+def real_step_parameters(path: str | Path) -> int | None:
+    """The model file's parameters, counted on the meta device (nothing allocated); ``None``
+    where its model cannot be built there."""
+    model_file = load_model_file(path)
+    try:
+        with torch.device("meta"):
+            return unique_parameter_count(model_file.build_model())
+    except Exception:  # the profile will say what is wrong with it
+        return None
 
 
 def device_memory(device: str) -> int | None:

@@ -71,8 +71,12 @@ def test_the_plans_that_fit_come_first_by_predicted_speed_and_the_best_is_marked
     assert known and speeds[: len(known)] == known  # unknown speeds after known ones
     assert known == sorted(known, reverse=True)
     assert [row[0] for row in rows] == ["*"] + [""] * (len(rows) - 1)
-    # best, plan, params, grads, optim, act, peak, host/node, fits, time, speed
-    assert rows[0][10] == f"{known[0]:.2f}x" and max(known) == known[0]
+    # best, plan, params, grads, optim, act, peak, host/node, fits, s/step, samples/s/dev
+    first = estimates[0]
+    per_device = first["plan"]["micro_batch"] * first["plan"]["grad_accum"]
+    assert rows[0][9] == f"{first['predicted_step_seconds']:.3g}"
+    assert rows[0][10] == f"{per_device / first['predicted_step_seconds']:.3g}"
+    assert max(known) == known[0]
     assert f"* best: {Plan.model_validate(estimates[0]['plan']).describe()}" in shown.stdout
 
 

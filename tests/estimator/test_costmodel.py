@@ -16,7 +16,6 @@ from autotune.estimator._costmodel import (
     transfer_seconds,
 )
 from autotune.estimator._zero import (
-    communication_elements,
     model_state_bytes,
     paper_floor,
     zero3_bytes,
@@ -166,22 +165,6 @@ def test_saved_activations_with_k_of_l_blocks_checkpointed(
 def test_activation_peak_adds_one_recomputed_block_only_when_checkpointing() -> None:
     assert activation_peak(FIG, 2, 0) == saved_activations(FIG, 2, 0)
     assert activation_peak(FIG, 2, 4) == pytest.approx(saved_activations(FIG, 2, 4) + 4000.0)
-
-
-@pytest.mark.parametrize(
-    ("stage", "world", "accum", "elements"),
-    [
-        (0, 1, 1, 0.0),  # nothing to talk to
-        (0, 8, 4, 2.0),  # one all-reduce per optimizer step
-        (1, 8, 4, 2.0),
-        (2, 8, 1, 2.0),  # same volume as DP
-        (2, 8, 4, 5.0),  # reduce-scatter every micro-batch + one all-gather
-        (3, 8, 1, 3.0),  # 1.5 x DP
-        (3, 8, 4, 12.0),
-    ],
-)
-def test_communication_elements(stage: int, world: int, accum: int, elements: float) -> None:
-    assert communication_elements(1.0, stage, world, accum) == elements
 
 
 def test_transfer_seconds_uses_gigabits() -> None:

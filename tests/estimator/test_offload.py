@@ -100,3 +100,45 @@ def test_nothing_is_offloaded_where_the_host_is_the_device() -> None:
     psi, largest = MODELS["7B"]
     facts = _facts(psi, largest).model_copy(update={"device_type": "cpu"})
     assert host_bytes_per_node(facts, parse_plan("stage=3,gpus=8,offload_optimizer=cpu")) == 0
+
+
+def _timed_facts(host_adam_per_s: float | None) -> ModelFacts:
+    """The 13B facts with a measured baseline (fp32, micro-batch 1, 8 ranks' worth of step)."""
+    from autotune.estimator._modelfacts import Baseline
+    from autotune.records import AtPeak
+
+    psi, largest = MODELS["13B"]
+    base = Baseline(plan=parse_plan("mb=1"), peak=0, at_peak=AtPeak(), dataloader=0.0,
+                    forward=0.3, backward=0.6, optimizer=0.08,
+                    host_adam_per_s=host_adam_per_s)  # fmt: skip
+    facts = _facts(psi, largest)
+    spec = facts.activations["bf16"].model_copy(update={"source": "measured"})
+    return facts.model_copy(update={"baseline": base, "activations": {"fp32": spec}})
+
+
+def test_an_offloaded_step_costs_the_host_adam_step_and_the_transfer() -> None:
+    """Offloading the optimizer of a ZeRO-3 plan on 8 ranks of one node swaps the device's step
+    over the rank's shard (0.08 s / 8) for the host's: 8 ranks each stepping psi / 8 fp32
+    elements on one CPU at its probed rate, plus the host link's traffic."""
+    psi = MODELS["13B"][0]
+    rate, pcie = 2e9, 200.0
+    machine = Machine(gpus_per_node=8, pcie_gbps=pcie)
+    on_device = estimate_plan(_timed_facts(rate), parse_plan("stage=3,mb=1,gpus=8"),
+                              machine=machine)  # fmt: skip
+    offloaded = estimate_plan(_timed_facts(rate),
+                              parse_plan("stage=3,mb=1,gpus=8,offload_optimizer=cpu"),
+                              machine=machine)  # fmt: skip
+    assert on_device.predicted_step_seconds and offloaded.predicted_step_seconds
+    # fp32 gradients down and fp32 weights back, psi / 8 each per rank, over 200 Gbit/s
+    transfer = 2 * 4 * psi / 8 * 8 / (pcie * 1e9)
+    expected = psi / 8 * 8 / rate - 0.08 / 8 + transfer
+    gained = offloaded.predicted_step_seconds - on_device.predicted_step_seconds
+    assert gained == pytest.approx(expected, rel=1e-9)
+    assert any("optimizer steps on the host's CPU" in note for note in offloaded.notes)
+
+
+def test_without_a_probed_host_rate_an_offloaded_step_time_is_not_guessed() -> None:
+    plan = parse_plan("stage=3,mb=1,gpus=8,offload_optimizer=cpu")
+    estimate = estimate_plan(_timed_facts(None), plan, machine=Machine(gpus_per_node=8))
+    assert estimate.predicted_step_seconds is None and estimate.predicted_step_time_ratio is None
+    assert any("host's Adam rate" in note for note in estimate.notes)

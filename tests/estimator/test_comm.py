@@ -1,0 +1,97 @@
+"""The collectives each engine issues per step, their time on a link, and the link fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.estimator import (
+    Link,
+    bus_bytes,
+    collective_seconds,
+    fit_link,
+    link_measure,
+    plan_link,
+    step_calls,
+    step_communication,
+)
+from autotune.estimator._comm import regathered_share
+from autotune.records import LinkPoint, Machine, parse_plan
+
+PSI = 1_000_000
+
+
+def _volume(knobs: str, keep_elements: int = 10**9) -> dict[str, float]:
+    plan = parse_plan(knobs)
+    volume: dict[str, float] = {}
+    for c in step_calls(plan, PSI, keep_elements=keep_elements):
+        volume[c.collective] = volume.get(c.collective, 0.0) + c.elements / PSI
+    return {name: v for name, v in volume.items() if v}
+
+
+# elements over all calls per step, in units of the parameters (DeepSpeed 0.19, counted in
+# tests/runtime/test_shaped_link.py)
+@pytest.mark.parametrize(
+    ("knobs", "volume"),
+    [
+        ("stage=0,gpus=2,ga=2", {"all_reduce": 1}),
+        ("stage=1,gpus=2,ga=2", {"all_reduce": 1, "all_gather": 1}),
+        ("stage=2,gpus=2,ga=2", {"all_reduce": 2, "all_gather": 1}),
+        ("stage=3,gpus=2,ga=2", {"all_gather": 2, "reduce_scatter": 2}),
+        ("engine=fsdp2,stage=3,gpus=2,ga=2", {"all_gather": 4, "reduce_scatter": 2}),
+        ("engine=fsdp2,stage=2,gpus=2", {"all_gather": 1, "reduce_scatter": 1}),
+        ("stage=3,gpus=1", {}),
+    ],
+)
+def test_collectives_per_step(knobs: str, volume: dict[str, float]) -> None:
+    assert _volume(knobs) == volume
+
+
+def test_zero3_gathers_again_in_backward_what_it_releases() -> None:
+    assert _volume("stage=3,gpus=2", keep_elements=0) == {"all_gather": 2, "reduce_scatter": 1}
+    assert regathered_share(400e6, 10**9) == 0.0
+    assert regathered_share(7e9, 10**9) == pytest.approx(1 - 1 / 14)
+
+
+def test_time_is_latency_per_call_plus_bus_bytes_per_collective() -> None:
+    plan = parse_plan("stage=2,gpus=4")
+    calls = step_calls(plan, PSI)
+    # all-reduce: 2 (n-1)/n; all-gather (n-1)/n; fp32
+    assert bus_bytes(calls, 4, 4) == pytest.approx((1.5 + 0.75) * PSI * 4)
+    link = Link(1e-3, 1e9, "x", by_collective={"all_gather": (0.0, 0.5e9)})
+    expected = (1e-3 + 1.5 * PSI * 4 / 1e9) + (0.75 * PSI * 4 / 0.5e9)
+    assert collective_seconds(calls, 4, 4, link) == pytest.approx(expected)
+
+
+def _points(latency: float, bandwidth: float, gather_bandwidth: float) -> list[LinkPoint]:
+    points = []
+    for size in (2**16, 2**20, 2**22):
+        for collective, share, bw in (("all_reduce", 1.0, bandwidth),
+                                      ("all_gather", 0.5, gather_bandwidth)):  # fmt: skip
+            t = latency + size * share / bw
+            points.append(LinkPoint(collective=collective, nbytes=size, seconds=t, low=t, high=t,
+                                    repeats=1))  # fmt: skip
+    return points
+
+
+def test_the_fit_recovers_latency_and_bus_bandwidth() -> None:
+    latency, bandwidth = fit_link(_points(5e-4, 6e7, 6e7), 2)
+    assert latency == pytest.approx(5e-4)
+    assert bandwidth == pytest.approx(6e7)
+    measure = link_measure(_points(5e-4, 6e7, 3e7), 2, "gloo")
+    assert measure.collectives["all_gather"].bandwidth_bytes_per_s == pytest.approx(3e7)
+    assert measure.gbps == pytest.approx(measure.bandwidth_bytes_per_s * 8e-9)
+    with pytest.raises(ValueError, match="two or more sizes"):
+        fit_link(_points(5e-4, 6e7, 6e7)[:1], 2)
+
+
+def test_a_given_speed_overrides_the_measured_link_and_the_note_names_the_source() -> None:
+    measure = link_measure(_points(5e-4, 6e7, 6e7), 2, "gloo")
+    plan = parse_plan("stage=2,gpus=1,nodes=2")
+    link = plan_link(Machine(link=measure), plan)
+    assert link is not None and link.source.startswith("measured link sweep")
+    given = plan_link(Machine(link=measure, inter_gbps=10.0), plan)
+    assert given == Link(0.0, 10e9 / 8, "given --inter-gbps")
+    _, seconds, note = step_communication(plan, PSI, None, Machine(inter_gbps=10.0))
+    assert note is not None and "given --inter-gbps" in note
+    assert seconds == pytest.approx(bus_bytes(step_calls(plan, PSI), 2, 4) * 8 / 10e9)
+    assert step_communication(plan, PSI, None, Machine())[1] is None
