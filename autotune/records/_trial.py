@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from autotune.records._base import Record as _Record
+from autotune.records._link import LinkMeasure
 from autotune.records._options import TRIAL_TIMEOUT_S
 from autotune.records._plan import Plan
 from autotune.records._profile import ProfileRecord
@@ -113,6 +114,11 @@ class TrialResult(_Record):
     loss_first: float | None = None
     loss_last: float | None = None
     engine: Literal["torch", "deepspeed", "fsdp2", "none"] = "torch"
+    link: LinkMeasure | None = Field(
+        default=None,
+        description="the link between the trial's ranks, swept after its steps (a short "
+        "all-reduce / all-gather / reduce-scatter sweep); None: one rank",
+    )
     error: str | None = Field(
         default=None, description="exception type and message, if the step raised"
     )

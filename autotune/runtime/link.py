@@ -21,11 +21,14 @@ REPEATS = 5
 COLLECTIVES: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-def _op(collective: Collective, nbytes: int, world: int, group: Any) -> Callable[[], None]:
-    """One call of ``collective`` over an fp32 tensor of ``nbytes`` (the full tensor), as
-    DeepSpeed issues it on gloo and NCCL: ``all_gather_into_tensor``, ``reduce_scatter_tensor``."""
-    full = torch.ones(max(nbytes // 4 // world, 1) * world)
-    part = torch.empty(full.numel() // world)
+def _op(
+    collective: Collective, nbytes: int, world: int, group: Any, device: torch.device
+) -> Callable[[], None]:
+    """One call of ``collective`` over an fp32 tensor of ``nbytes`` (the full tensor) on
+    ``device``, as DeepSpeed issues it on gloo and NCCL: ``all_gather_into_tensor``,
+    ``reduce_scatter_tensor``."""
+    full = torch.ones(max(nbytes // 4 // world, 1) * world, device=device)
+    part = torch.empty(full.numel() // world, device=device)
     if collective == "all_reduce":
         return lambda: dist.all_reduce(full, group=group)
     if collective == "all_gather":
@@ -55,7 +58,10 @@ def sweep(group: Any = None, sizes: Sequence[int] = SIZES, repeats: int = REPEAT
         raise ValueError("a link sweep needs a process group of two or more ranks")
     keys = [(c, size) for c in COLLECTIVES for size in sizes]
     times = torch.zeros(len(keys), repeats, dtype=torch.float64)
-    calls = [_op(collective, size, world, group) for collective, size in keys]
+    backend = str(dist.get_backend(group))
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+    calls = [_op(collective, size, world, group, device or torch.device("cpu"))
+             for collective, size in keys]  # fmt: skip
     for call in calls:
         call()
     for rep in range(repeats):  # repeats outermost: a burst of load elsewhere hits every point
@@ -63,6 +69,8 @@ def sweep(group: Any = None, sizes: Sequence[int] = SIZES, repeats: int = REPEAT
             dist.barrier(group)
             start = time.perf_counter()
             call()
+            if device is not None:  # NCCL returns before the transfer ends
+                torch.cuda.synchronize(device)
             times[row, rep] = time.perf_counter() - start
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)  # the slowest rank's view
     points = [
@@ -71,4 +79,12 @@ def sweep(group: Any = None, sizes: Sequence[int] = SIZES, repeats: int = REPEAT
                   low=float(times[row].min()), high=float(times[row].max()), repeats=repeats)
         for row, (collective, size) in enumerate(keys)
     ]  # fmt: skip
-    return link_measure(points, world, str(dist.get_backend(group)))
+    return link_measure(points, world, backend)
+
+
+def trial_link() -> LinkMeasure | None:
+    """The link between a trial's ranks, swept once its steps are done: every rank calls this
+    after the trial; ``None`` in a single-process trial."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return sweep()

@@ -205,6 +205,14 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     assert result.loss_first is not None and result.loss_last is not None
     assert math.isfinite(result.loss_first) and math.isfinite(result.loss_last)
     assert os.environ.get("RANK") is None  # the rank env went to the children only
+    # the link between the ranks, swept after the steps: every collective at every size, each
+    # point's median inside its own repeats' range, and a fit with a positive bandwidth
+    link = result.link
+    assert link is not None and link.world_size == 2 and link.backend == "gloo"
+    assert {p.collective for p in link.points} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert all(p.low <= p.seconds <= p.high for p in link.points)
+    assert link.bandwidth_bytes_per_s > 0 and set(link.collectives) == {
+        "all_reduce", "all_gather", "reduce_scatter"}  # fmt: skip
 
 
 FLAKY_WORKER = textwrap.dedent(

@@ -105,6 +105,9 @@ def run_trial(
     use_deepspeed = plan.uses_deepspeed or ranks()[1] > 1
     trial = deepspeed_trial if use_deepspeed else _torch_trial
     info = (_fsdp2_trial if plan.engine == "fsdp2" else trial)(spec, steps)
+    from autotune.runtime.link import trial_link  # torch.distributed: only where a trial runs
+
+    link = trial_link()
     peaks = _peaks(info, watch)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time
@@ -122,6 +125,7 @@ def run_trial(
         loss_first=steps.losses[0],
         loss_last=steps.losses[-1],
         engine=info["engine"],
+        link=link,
         first_step_at=steps.first_step_at,
         steps_s=steps.steps_s,
         reused=reused,
