@@ -6,7 +6,7 @@ No torch, no printing: numbers in, numbers out. The formulas are METHOD.md's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Accounting = Literal["deepspeed", "fsdp2", "paper", "torch"]
@@ -150,6 +150,21 @@ class BaselineTime:
             self.dataloader_fixed + (self.dataloader - self.dataloader_fixed) * scale,
             self.forward_fixed + (self.forward - self.forward_fixed) * scale,
             self.backward_fixed + (self.backward - self.backward_fixed) * scale,
+        )
+
+    def on_cores(self, factor: float) -> BaselineTime:
+        """The compute phases (forward, backward, optimizer, recompute) ``factor`` times longer:
+        a rank given ``1 / factor`` of the cores the baseline ran on; data loading unchanged."""
+        if factor == 1.0:
+            return self
+        return replace(
+            self,
+            forward=self.forward * factor,
+            backward=self.backward * factor,
+            optimizer=self.optimizer * factor,
+            recompute_fixed=self.recompute_fixed * factor,
+            forward_fixed=self.forward_fixed * factor,
+            backward_fixed=self.backward_fixed * factor,
         )
 
     @property

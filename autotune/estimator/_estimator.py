@@ -181,7 +181,7 @@ def _step_ratio(
         return None, None, None, why
     sharded = plan.zero_stage >= 1 and plan.offload_optimizer == "none"
     seconds = cm.step_seconds(
-        base,
+        base.on_cores(cpu_core_share(facts, plan)),
         micro_batch=plan.micro_batch,
         grad_accum=plan.grad_accum,
         checkpoint_blocks=plan.checkpoint_blocks,
@@ -190,12 +190,23 @@ def _step_ratio(
         extra_seconds=extra_seconds if source == "measured" else 0.0,
     )
     ref = cm.step_seconds(
-        base,
+        base.on_cores(cpu_core_share(facts, reference)),
         micro_batch=reference.micro_batch,
         grad_accum=reference.grad_accum,
         checkpoint_blocks=reference.checkpoint_blocks,
     )
     return seconds / ref, seconds if source == "measured" else None, source, None
+
+
+def cpu_core_share(facts: ModelFacts, plan: Plan) -> float:
+    """How much longer a rank's compute takes than the profile's on a CPU device, where a
+    node's ranks share its cores: each gets ``threads // ranks per node`` of the threads the
+    profile ran on (as the trial launcher sets ``OMP_NUM_THREADS``), and compute is taken as
+    linear in threads. 1 on a GPU (a device per rank) or where the threads were not recorded."""
+    threads = facts.baseline.threads if facts.baseline else None
+    if facts.device_type != "cpu" or not threads:
+        return 1.0
+    return threads / max(1, threads // plan.gpus_per_node)
 
 
 def steps_on_host(plan: Plan) -> bool:
@@ -288,6 +299,12 @@ def estimate_plan(
     ratio, seconds, time_source, time_note = _step_ratio(
         facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0), host_step
     )
+    share = cpu_core_share(facts, plan)
+    if share != 1.0 and time_source == "measured":
+        notes.append(
+            f"on a CPU device the node's {plan.gpus_per_node} ranks share the cores the profile "
+            f"ran on: each rank's compute is taken as x{share:g} the profile's (linear in threads)"
+        )
     if host_step[0] is not None and time_source == "measured":
         notes.append(
             f"the optimizer steps on the host's CPU: {host_step[0]:.3f} s per step at the rate "

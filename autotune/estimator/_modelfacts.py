@@ -94,6 +94,9 @@ class Baseline(_Record):
     host_adam_per_s: float | None = Field(
         default=None, description="measured: elements per second the host's CPU steps Adam at"
     )
+    threads: int | None = Field(
+        default=None, description="the CPU threads the measured steps ran on (a CPU device)"
+    )
 
 
 class ModelFacts(_Record):
@@ -215,6 +218,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             optimizer=time.optimizer,
             tokens_per_s=profile.throughput.tokens_per_s,
             host_adam_per_s=profile.environment.host_adam_per_s,
+            threads=profile.environment.threads,
         ),
         peak_flops_per_s=profile.compute.peak_flops_per_s,
         device_type=profile.config.device,

@@ -254,6 +254,11 @@ class Environment(_Record):
     deepspeed_version: str | None = None
     capabilities: Capabilities
     nvml: NvmlSample | None = None
+    threads: int | None = Field(
+        default=None,
+        description="torch's intra-op threads the measured steps ran on (a CPU device's share "
+        "of its cores); None: not recorded",
+    )
     host_adam_per_s: float | None = Field(
         default=None,
         description="elements per second torch's fused Adam steps on this machine's CPU (a "

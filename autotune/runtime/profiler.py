@@ -446,6 +446,7 @@ def _environment(
         deepspeed_version=versions["deepspeed"],
         capabilities=capabilities,
         nvml=timings.nvml,
+        threads=torch.get_num_threads(),
         host_adam_per_s=host.host_adam_rate(),
         unavailable=unavailable,
     )

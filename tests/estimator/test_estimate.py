@@ -415,3 +415,26 @@ def test_the_gloo_overlap_mode_is_stated_beside_zero_1_2_figures_on_cpu() -> Non
         assert f"+{4 * psi / 2:,.0f} bytes" in note and "9 of 30" in note
     assert overlap_notes(3, 2) == [] and overlap_notes(2, 1) == []
     assert overlap_notes(2, 2, facts_from_profile(synthetic_profile(device="cuda"))) == []
+
+
+@pytest.mark.parametrize(("threads", "ranks", "share"), [(2, 2, 2.0), (8, 2, 2.0), (8, 3, 8 / 2),
+                                                          (1, 2, 1.0), (None, 2, 1.0)])  # fmt: skip
+def test_cpu_ranks_share_the_cores_the_profile_ran_on(
+    threads: int | None, ranks: int, share: float
+) -> None:
+    """A CPU profile on ``threads`` threads; a ZeRO-0 plan of ``ranks`` ranks on that machine
+    gives each rank ``threads // ranks`` threads (what the trial launcher sets): its forward,
+    backward and optimizer take ``threads / (threads // ranks)`` times the profile's."""
+    from autotune.estimator._modelfacts import Baseline
+
+    base = Baseline(plan=Plan(micro_batch=1), peak=0, at_peak=AtPeak(), dataloader=0.05,
+                    forward=0.3, backward=0.6, optimizer=0.08, threads=threads)  # fmt: skip
+    facts = ModelFacts(name="m", parameters=1000, trainable_parameters=1000,
+                       largest_layer_parameters=1000, device_type="cpu", baseline=base,
+                       activations={"fp32": ActivationSpec(fixed=0.0, per_sample=1.0,
+                                                           source="measured")})  # fmt: skip
+    est = estimate_plan(facts, Plan(micro_batch=1, gpus_per_node=ranks))
+    assert est.predicted_step_seconds == pytest.approx(0.05 + (0.3 + 0.6 + 0.08) * share)
+    on_gpu = estimate_plan(facts.model_copy(update={"device_type": "cuda"}),
+                           Plan(micro_batch=1, gpus_per_node=ranks))  # fmt: skip
+    assert on_gpu.predicted_step_seconds == pytest.approx(0.05 + 0.3 + 0.6 + 0.08)
