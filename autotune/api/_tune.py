@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ def tune_model(
     """
     from autotune.runtime.hf import model_source
 
+    began = time.monotonic()
     options, machine = tune_records(options, machine, fields)
     check_tune(options, machine, model_path, launches=runner is None)
     with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
@@ -100,7 +102,12 @@ def tune_model(
         if options.study_name is None:
             name = f"{src.stem}-g{options.global_batch}-n{machine.gpus_per_node}"
             options = dataclasses.replace(options, study_name=name)
-        return _tune_file(str(src.path), src.label, options, machine, runner, progress, notice)
+        tuned = _tune_file(str(src.path), src.label, options, machine, runner, progress, notice)
+    if tuned.wall_time is None:
+        return tuned
+    # The whole call: a model resolved or downloaded counts as ``other``.
+    wall = tuned.wall_time.with_phases(total_s=time.monotonic() - began)
+    return tuned.model_copy(update={"wall_time": wall})
 
 
 def _tune_file(
@@ -130,7 +137,9 @@ def _tune_file(
     from autotune.runtime.identity import measured_on
 
     check_identity(study, measured_on(model_path, machine.device), options.study_name)
+    began = time.monotonic()
     composition = tune_composition(model_path, saved, options, machine)
+    profiled = time.monotonic() - began
     record, machine = composition.profile, composition.machine
     assert record is not None and composition.policy is not None
     policy, blocked = _loader_knobs(model_path, composition.policy, record.config.batch_size)
@@ -140,6 +149,7 @@ def _tune_file(
     if notice is not None:  # the model ran: what remains before the first trial is start-up
         notice("starting the trial workers (a first DeepSpeed start compiles its comm op: "
                "about a minute)")  # fmt: skip
+    mark = time.monotonic()
     if runner is None and machine.nodes == 1:  # DeepSpeed's comm op, built once with a deadline
         from autotune.runtime.extensions import prepare_deepspeed
 
@@ -154,12 +164,17 @@ def _tune_file(
             )
         elif isinstance(runner, AgentRunner):
             owned.callback(runner.close)
+        starting = time.monotonic() - mark
         tuned = tune(
             label, options=options, machine=machine, settings=settings, runner=runner,
             blocks=stack.count if stack else 0, policy=policy, predict=composition.prediction,
             code_changes=composition.code_changes, progress=progress,
         )  # fmt: skip
-    tuned = tuned.model_copy(update={"block_stack": stack})
+    wall = tuned.wall_time
+    if wall is not None:  # the profile and the workers' start-up came before the search
+        wall = wall.with_phases(total_s=time.monotonic() - began, profile_s=profiled,
+                                startup_s=starting)  # fmt: skip
+    tuned = tuned.model_copy(update={"block_stack": stack, "wall_time": wall})
     if blocked is not None:
         tuned = tuned.model_copy(update={"notes": [blocked, *tuned.notes]})
     if tuned.recommendation is None:

@@ -48,7 +48,7 @@ def tune_command(
     interval: float = typer.Option(TuneOptions.interval_width or 0.0, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
     max_steps: int = typer.Option(TuneOptions.max_steps, "--max-steps", min=1, help="Most measured steps per trial when measuring to --interval."),
     warmup: int = typer.Option(TuneOptions.warmup, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),
-    repeats: int = typer.Option(TuneOptions.repeats, "--repeats", min=0, help="Interleaved re-runs of best, baseline and runner-up (0: none; the search's single runs are compared, and the record says so)."),
+    repeats: int = typer.Option(TuneOptions.repeats, "--repeats", min=0, help="Most rounds of interleaved re-runs of the plans whose intervals overlap the best's; they stop once the intervals separate (0: none; the search's runs are compared, and the record says so)."),
     device: str | None = _options.DEVICE,
     profile: Path | None = typer.Option(TuneOptions.profile_path, "--profile", help="A saved profile (default: a short fresh one)."),
     baseline: str | None = typer.Option(TuneOptions.baseline, "--baseline", help="Your current plan, e.g. 'mb=8' (default: the per-rank batch in one micro-batch)."),
@@ -282,6 +282,19 @@ def render(record: Any, written: list[Path]) -> None:
         console.print(f"wrote {path}")
     for note in record.notes:
         console.print(f"note: {note}")
+    if record.wall_time is not None:
+        console.print(f"wall time: {record.wall_time.describe()}", soft_wrap=True)
+
+
+def _how_measured(comparison: Any, index: int) -> str:
+    """Where an entry's figures come from: the search's run, and any re-runs."""
+    if comparison.reruns is None:  # an older record: every entry re-run alike
+        return (f"measured, median of {comparison.measured[index].repeats}" if comparison.repeats
+                else "one search run, not re-run: --repeats 0")  # fmt: skip
+    rerun = comparison.reruns[index]
+    if rerun:
+        return f"median of the search run and {rerun} re-run(s)"
+    return "the search run, not re-run" + (": --repeats 0" if comparison.cap == 0 else "")
 
 
 def _render_recommendation(record: Any) -> None:
@@ -297,8 +310,7 @@ def _render_recommendation(record: Any) -> None:
         spread = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
         tokens = f", {measured.tokens_per_s:,.0f} tok/s" if measured.tokens_per_s else ""
         mark = "*" if index == comparison.winner else " "
-        how = (f"measured, median of {measured.repeats}" if comparison.repeats
-               else "one search run, not re-run: --repeats 0")  # fmt: skip
+        how = _how_measured(comparison, index)
         console.print(f"{mark} {label}: {measured.plan.describe()}: {measured.samples_per_s:.2f} samples/s"
                       f"{spread}{tokens}, peak {format_bytes(measured.peak_memory_bytes)} "
                       f"({how})")  # fmt: skip

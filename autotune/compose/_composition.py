@@ -64,11 +64,13 @@ class Composition:
         """The search's view of :meth:`estimate`: fits, peak, and why it does not fit."""
         est = self.estimate(plan)
         peak, ratio = est.memory.peak, est.predicted_step_time_ratio
+        moment = est.memory.peak_composition.split(" ", 1)[0] or None
         if est.fits is not False:
-            return Prediction(True, peak, est.source, step_time_ratio=ratio)
+            return Prediction(True, peak, est.source, step_time_ratio=ratio, peak_moment=moment)
         reason = (f"peak {format_bytes(peak)} > usable part of "
                   f"{format_bytes(self.machine.device_memory)} ({est.source})")  # fmt: skip
-        return Prediction(False, peak, est.source, reason, step_time_ratio=ratio)
+        return Prediction(False, peak, est.source, reason, step_time_ratio=ratio,
+                          peak_moment=moment)  # fmt: skip
 
     def advice(
         self, *, start: Plan | None = None, skip_rules: Collection[str] = (),

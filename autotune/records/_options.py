@@ -124,7 +124,7 @@ class TuneOptions:
     warmup: int = 1
     """Optimizer steps run first in each trial and dropped (``--warmup``)."""
     repeats: int = 3
-    """Interleaved re-runs of best, baseline and runner-up; 0: none (``--repeats``)."""
+    """Most rounds of re-runs of the plans overlapping the best; 0: none (``--repeats``)."""
     storage: str | None = None
     """Optuna RDB URL or sqlite path; ``None``: ``autotune-tune.db`` (``--storage``)."""
     study_name: str | None = None

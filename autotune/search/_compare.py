@@ -1,4 +1,5 @@
-"""The final comparison: best, baseline and runner-up re-run interleaved; the recommendation."""
+"""The final comparison (the search's runs reused; only the plans whose intervals overlap the
+best's re-run, interleaved, until the intervals separate); the recommendation."""
 
 from __future__ import annotations
 
@@ -14,60 +15,125 @@ from autotune.search._runner import TrialRunner
 BASELINE = "baseline"
 BEST = "search best"
 BOTH = "search best = baseline"
-Round = list[tuple[float, float | None, int | None] | None]
+RUNNER_UP = "runner-up"
+CONTENDER = "contender"
+CONTENDERS = 2
+"""Plans besides the best and the baseline the comparison may list (the fastest overlapping)."""
+Value = tuple[float, float | None, int | None]
+"""One run's samples/s, tokens/s and peak."""
+Round = list[Value | None]
+Interval = tuple[float, float]
+
+
+def search_interval(record: TrialRecord) -> Interval | None:
+    """A trial's samples/s interval, from its median step time's (``None``: not measured)."""
+    if record.samples_per_s is None or record.step_interval is None or not record.step_time:
+        return None
+    low, high = record.step_interval
+    if low <= 0 or high < low:
+        return None
+    work = record.samples_per_s * record.step_time  # samples per step
+    return work / high, work / low
+
+
+def overlap(a: Interval | None, b: Interval | None) -> bool:
+    """Whether two intervals overlap; one not measured cannot be told apart, so it does."""
+    return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
 
 
 def entries(
     ranked: list[TrialRecord], baseline: TrialRecord | None
 ) -> list[tuple[str, TrialRecord]]:
-    """What the final comparison re-runs, labelled: the search's best, the baseline, the runner-up."""
-    if baseline is not None and baseline.plan == ranked[0].plan:
-        chosen = [(BOTH, ranked[0])]
+    """What the final comparison lists, labelled: the search's best, the baseline (for the
+    speedup) and up to :data:`CONTENDERS` plans whose intervals overlap the best's."""
+    best = ranked[0]
+    if baseline is not None and baseline.plan == best.plan:
+        chosen = [(BOTH, best)]
     else:
-        chosen = [(BEST, ranked[0])] + ([(BASELINE, baseline)] if baseline is not None else [])
-    runner_up = next((r for r in ranked[1:] if baseline is None or r.plan != baseline.plan), None)
-    if runner_up is not None:
-        chosen.append(("runner-up", runner_up))
+        chosen = [(BEST, best)] + ([(BASELINE, baseline)] if baseline is not None else [])
+    others = [
+        r
+        for r in ranked[1:]
+        if (baseline is None or r.plan != baseline.plan)
+        and overlap(search_interval(r), search_interval(best))
+    ]
+    for index, record in enumerate(others[:CONTENDERS]):
+        chosen.append((RUNNER_UP if index == 0 else CONTENDER, record))
     return chosen
 
 
-def _rounds(
-    runner: TrialRunner, settings: TrialSettings, plans: list[Plan], repeats: int
-) -> list[Round]:
-    """``repeats`` rounds; each runs every plan once, the order rotating between rounds."""
-    rounds = []
-    for index in range(repeats):
-        row: Round = [None] * len(plans)
-        shift = index % len(plans)
-        for position in list(range(shift, len(plans))) + list(range(shift)):
-            report = runner.run(plans[position], settings)
-            result = report.result
-            outcome = classify_outcome(
-                report.returncode, report.timed_out, result, report.stderr_tail
-            )
-            if outcome == "ok" and result is not None and result.samples_per_s is not None:
-                row[position] = (result.samples_per_s, result.tokens_per_s, result.peak)
-        rounds.append(row)
-    return rounds
+def _run(runner: TrialRunner, settings: TrialSettings, plan: Plan) -> Value | None:
+    report = runner.run(plan, settings)
+    result = report.result
+    outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
+    if outcome == "ok" and result is not None and result.samples_per_s is not None:
+        return result.samples_per_s, result.tokens_per_s, result.peak
+    return None
 
 
-def _measured(plan: Plan, values: list[tuple[float, float | None, int | None]]) -> MeasuredPlan:
+def _range(values: list[Value], record: TrialRecord) -> Interval | None:
+    """The samples/s range of a plan's runs; a single run: its search interval."""
+    if len(values) == 1:
+        return search_interval(record)
     samples = [v[0] for v in values]
+    return min(samples), max(samples)
+
+
+def _median(values: list[Value]) -> float:
+    return statistics.median(v[0] for v in values)
+
+
+def _still_open(active: list[int], values: list[list[Value]],
+                chosen: list[tuple[str, TrialRecord]]) -> list[int]:  # fmt: skip
+    """The entries whose range still overlaps the leader's (the leader included)."""
+    leader = max(active, key=lambda i: _median(values[i]))
+    top = _range(values[leader], chosen[leader][1])
+    return [i for i in active if overlap(_range(values[i], chosen[i][1]), top)]
+
+
+def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str, TrialRecord]],
+           values: list[list[Value]], cap: int, failed: set[int]) -> tuple[list[Round], str]:  # fmt: skip
+    """Rounds of interleaved re-runs of the entries overlapping the best, each round dropping
+    those whose range has separated below the leader's (and those whose re-run failed, into
+    ``failed``); at most ``cap`` rounds."""
+    best = search_interval(chosen[0][1])
+    active = [i for i, (_, r) in enumerate(chosen) if overlap(search_interval(r), best)]
+    if len(active) < 2:
+        return [], "no other plan's interval overlaps the best's"
+    if cap < 1:
+        return [], "repeats=0: nothing re-run"
+    rounds: list[Round] = []
+    while len(rounds) < cap:
+        row: Round = [None] * len(chosen)
+        shift = len(rounds) % len(active)
+        for position in active[shift:] + active[:shift]:
+            row[position] = _run(runner, settings, chosen[position][1].plan)
+            if row[position] is not None:
+                values[position].append(row[position])  # type: ignore[arg-type]
+            else:
+                failed.add(position)
+        rounds.append(row)
+        active = _still_open([i for i in active if row[i] is not None] or [0], values, chosen)
+        if len(active) < 2:
+            return rounds, f"the intervals separated after {len(rounds)} round(s)"
+    return rounds, f"the cap of {cap} round(s) was reached with the intervals still overlapping"
+
+
+def _measured(record: TrialRecord, values: list[Value]) -> MeasuredPlan:
     tokens = [v[1] for v in values if v[1] is not None]
     peaks = [v[2] for v in values if v[2] is not None]
     return MeasuredPlan(
-        plan=plan,
-        samples_per_s=statistics.median(samples),
-        samples_per_s_interval=(min(samples), max(samples)),
+        plan=record.plan,
+        samples_per_s=_median(values),
+        samples_per_s_interval=_range(values, record),
         tokens_per_s=statistics.median(tokens) if tokens else None,
         peak_memory_bytes=max(peaks) if peaks else None,
         repeats=len(values),
     )
 
 
-def _from_search(record: TrialRecord) -> MeasuredPlan:
-    return MeasuredPlan(plan=record.plan, samples_per_s=record.samples_per_s or 0.0,
-                        tokens_per_s=record.tokens_per_s, peak_memory_bytes=record.peak_memory_bytes)  # fmt: skip
+def _from_search(record: TrialRecord) -> Value:
+    return record.samples_per_s or 0.0, record.tokens_per_s, record.peak_memory_bytes
 
 
 def baseline_index(labels: list[str]) -> int | None:
@@ -77,43 +143,62 @@ def baseline_index(labels: list[str]) -> int | None:
 
 def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialRecord],
             baseline: TrialRecord | None, repeats: int) -> Comparison:  # fmt: skip
-    """Re-run the search's best, the baseline and the runner-up ``repeats`` times, interleaved.
+    """The search's best against the baseline and the plans it cannot be told apart from.
 
-    The winner is the highest median, whichever it is: the search-time numbers
-    are single runs on a noisy machine. The speedup interval is the range of
-    per-round ratios winner/baseline: both ran in the same round, so slow
-    phases of the machine hit both.
+    Every entry starts from its search run. Those whose intervals overlap the best's are
+    re-run in interleaved rounds (the order rotating) until the ranges separate or
+    ``repeats`` rounds have run. The winner is the highest median (the search's run
+    included); a checkpointed winner gives way to its leaner twin when their ranges
+    overlap, since the recompute did not show to pay. The speedup interval is the range
+    of per-round ratios winner/baseline where both were re-run (slow phases of the
+    machine hit both); otherwise the ratio of medians, its interval from their ranges.
     """
     chosen = entries(ranked, baseline)
     labels = [label for label, _ in chosen]
     base = baseline_index(labels)
-    if repeats < 1:
-        measured = [_from_search(record) for _, record in chosen]
-        ratio = (
-            measured[0].samples_per_s / measured[base].samples_per_s if base is not None else None
-        )
-        return Comparison(repeats=0, measured=measured, labels=labels, speedup=ratio)
-    rounds = _rounds(runner, settings, [record.plan for _, record in chosen], repeats)
-    measured = []
-    for column, (_, record) in enumerate(chosen):
-        values = [row[column] for row in rounds if row[column] is not None]
-        measured.append(_measured(record.plan, values) if values else _from_search(record))  # type: ignore[arg-type]
-    ran = [i for i in range(len(chosen)) if any(row[i] for row in rounds)] or [0]
-    winner = max(ran, key=lambda i: measured[i].samples_per_s)
-    speedup, interval = _speedup(rounds, winner, base)
-    return Comparison(repeats=repeats, measured=measured, labels=labels, winner=winner,
-                      speedup=speedup, speedup_interval=interval)  # fmt: skip
+    values = [[_from_search(record)] for _, record in chosen]
+    failed: set[int] = set()
+    rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed)
+    measured = [_measured(record, values[i]) for i, (_, record) in enumerate(chosen)]
+    # A plan whose re-run failed is not recommended on its other runs.
+    eligible = [i for i in range(len(chosen)) if i not in failed] or [0]
+    winner = _leaner_equal(measured, max(eligible, key=lambda i: measured[i].samples_per_s))
+    speedup, interval = _speedup(rounds, measured, winner, base)
+    return Comparison(repeats=len(rounds), measured=measured, labels=labels, winner=winner,
+                      speedup=speedup, speedup_interval=interval,
+                      reruns=[len(v) - 1 for v in values], cap=repeats, stopped=stopped)  # fmt: skip
 
 
-def _speedup(
-    rounds: list[Round], winner: int, base: int | None
-) -> tuple[float | None, tuple[float, float] | None]:
+def _leaner_equal(measured: list[MeasuredPlan], winner: int) -> int:
+    """The entry with the fewest checkpointed blocks that is the winner's plan otherwise and
+    whose range overlaps the winner's; the winner itself when there is none."""
+    won = measured[winner]
+    twins = [
+        i
+        for i, m in enumerate(measured)
+        if m.plan.checkpoint_blocks < won.plan.checkpoint_blocks
+        and m.plan.with_changes(checkpoint_blocks=won.plan.checkpoint_blocks) == won.plan
+        and overlap(m.samples_per_s_interval, won.samples_per_s_interval)
+        and (m.samples_per_s_interval or won.samples_per_s_interval) is not None
+    ]
+    return min(twins, key=lambda i: measured[i].plan.checkpoint_blocks, default=winner)
+
+
+def _speedup(rounds: list[Round], measured: list[MeasuredPlan], winner: int,
+             base: int | None) -> tuple[float | None, Interval | None]:  # fmt: skip
     if base is None:
         return None, None
+    if winner == base:
+        return 1.0, (1.0, 1.0)
     ratios = [row[winner][0] / row[base][0] for row in rounds if row[winner] and row[base]]  # type: ignore[index]
-    if not ratios:
-        return None, None
-    return statistics.median(ratios), (min(ratios), max(ratios))
+    if ratios:
+        return statistics.median(ratios), (min(ratios), max(ratios))
+    won, was = measured[winner], measured[base]
+    ratio = won.samples_per_s / was.samples_per_s if was.samples_per_s else None
+    a, b = won.samples_per_s_interval, was.samples_per_s_interval
+    if ratio is None or a is None or b is None or b[0] <= 0:
+        return ratio, None
+    return ratio, (a[0] / b[1], a[1] / b[0])
 
 
 def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, model_file: str,
@@ -128,13 +213,14 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
     labels = comparison.labels
     best = comparison.measured[comparison.winner]
     base = baseline_index(labels)
-    if comparison.repeats:
-        notes.append(f"search best, baseline and runner-up re-run {comparison.repeats}x interleaved: "
-                     "medians; intervals are min-max over the repeats")  # fmt: skip
-    else:
-        notes.append("repeats=0: nothing re-run; the search's single runs are compared, so the "
-                     "ranking and the speedup carry the machine's run-to-run noise and no interval")  # fmt: skip
-    if labels[comparison.winner] not in (BEST, BOTH):
+    notes.append(_comparison_note(comparison))
+    if (
+        best.plan != ranked[0].plan
+        and best.plan.checkpoint_blocks < ranked[0].plan.checkpoint_blocks
+    ):
+        notes.append(f"{best.plan.describe()} is recommended over {ranked[0].plan.describe()}: "
+                     "their ranges overlap, so the checkpointing did not show to pay")  # fmt: skip
+    elif labels[comparison.winner] not in (BEST, BOTH):
         notes.append(f"the {labels[comparison.winner]} measured fastest in the re-runs, "
                      f"not the search's best ({ranked[0].plan.describe()})")  # fmt: skip
     low = comparison.speedup_interval[0] if comparison.speedup_interval else None
@@ -146,3 +232,19 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
         speedup=comparison.speedup, speedup_interval=comparison.speedup_interval,
         code_changes=code_changes(best.plan) if code_changes else [], notes=list(notes),
     )  # fmt: skip
+
+
+def _comparison_note(comparison: Comparison) -> str:
+    """How the compared figures came about: which plans were re-run, how often, and why not more."""
+    if comparison.cap == 0 or (comparison.cap is None and not comparison.repeats):
+        return ("repeats=0: nothing re-run; the search's single runs are compared, so the "
+                "ranking and the speedup carry the machine's run-to-run noise")  # fmt: skip
+    if comparison.reruns is None:  # an older record: every entry re-run ``repeats`` times
+        return (f"search best, baseline and runner-up re-run {comparison.repeats}x interleaved: "
+                "medians; intervals are min-max over the repeats")  # fmt: skip
+    rerun = [label for label, n in zip(comparison.labels, comparison.reruns, strict=True) if n]
+    if not rerun:
+        return (f"nothing re-run: {comparison.stopped}; the search's runs are compared, "
+                "intervals from their step times")  # fmt: skip
+    return (f"re-run interleaved, up to {comparison.repeats} round(s): {', '.join(rerun)} "
+            f"({comparison.stopped}); medians and min-max ranges include the search's run")  # fmt: skip

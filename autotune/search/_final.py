@@ -1,7 +1,7 @@
 """One final comparison per study: which worker runs it, and where its result is kept.
 
 Workers sharing a study each end their search loop on their own. The comparison
-(best, baseline and runner-up re-run interleaved) is run by the worker that finds no
+(the plans overlapping the best re-run interleaved) is run by the worker that finds no
 trial of the study still running, after claiming it; the result goes into the study's
 user attributes, keyed by the trials it compared, and every later call (another
 worker, a rerun, ``autotune tune --finish``) reads it instead of measuring again.

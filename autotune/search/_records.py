@@ -81,18 +81,73 @@ class TrialRecord(_Record):
 
 
 class Comparison(_Record):
-    """The final interleaved re-runs: medians and ranges over repeats."""
+    """The final comparison: the search's runs of the best plan and of those whose intervals
+    overlap it, re-run interleaved until the intervals separate; medians and ranges."""
 
-    repeats: int
+    repeats: int = Field(description="rounds of interleaved re-runs (0: nothing re-run)")
     measured: list[MeasuredPlan]
     labels: list[str] = Field(
-        description="what each measured entry is: search best, baseline, runner-up"
+        description="what each measured entry is: search best, baseline, runner-up, contender"
     )
+    reruns: list[int] | None = Field(
+        default=None,
+        description="re-runs of each entry (0: its search run only; None: an older record, "
+        "where every entry was re-run ``repeats`` times)",
+    )
+    cap: int | None = Field(default=None, description="the most rounds allowed (--repeats)")
+    stopped: str | None = Field(default=None, description="why the re-runs stopped where they did")
     winner: int = Field(
         default=0, ge=0, description="index of the highest median: the recommended plan"
     )
     speedup: float | None = None
     speedup_interval: tuple[float, float] | None = None
+
+
+class WallTime(_Record):
+    """Where one ``autotune tune`` run's wall time went, in seconds (``None``: not measured)."""
+
+    profile_s: float | None = Field(default=None, description="profiling the model")
+    startup_s: float | None = Field(
+        default=None, description="starting the trial workers before the first trial"
+    )
+    trials_s: float | None = Field(default=None, description="the search's trials")
+    comparison_s: float | None = Field(default=None, description="the final comparison")
+    other_s: float = Field(description="everything else: the total less the phases above")
+    total_s: float
+
+    @classmethod
+    def of(cls, *, total_s: float, **phases: float | None) -> WallTime:
+        """The breakdown with ``other_s`` the rest of ``total_s``."""
+        known = sum(value for value in phases.values() if value is not None)
+        return cls(total_s=total_s, other_s=max(total_s - known, 0.0), **phases)  # type: ignore[arg-type]
+
+    def with_phases(self, *, total_s: float, **more: float) -> WallTime:
+        """This breakdown inside a longer run: ``more`` added to its phases, the rest ``other``."""
+        phases = {
+            name: (getattr(self, name) or 0.0) + more.get(name, 0.0)
+            for name in ("profile_s", "startup_s", "trials_s", "comparison_s")
+        }
+        return WallTime.of(total_s=total_s, **phases)
+
+    def describe(self) -> str:
+        """One line: the total, then each phase measured."""
+        parts = [
+            f"{label} {_seconds(value)}"
+            for label, value in (
+                ("profile", self.profile_s),
+                ("start-up", self.startup_s),
+                ("trials", self.trials_s),
+                ("comparison", self.comparison_s),
+                ("other", self.other_s),
+            )  # fmt: skip
+            if value is not None
+        ]
+        return f"{_seconds(self.total_s)} = " + " + ".join(parts)
+
+
+def _seconds(value: float) -> str:
+    minutes, seconds = divmod(value, 60)
+    return f"{int(minutes)} min {seconds:.0f} s" if minutes else f"{seconds:.1f} s"
 
 
 class TuneRecord(_Record):
@@ -117,3 +172,6 @@ class TuneRecord(_Record):
         None, description="the model's blocks, which the FSDP2 config wraps and checkpoints"
     )
     notes: list[str] = Field(default_factory=list)
+    wall_time: WallTime | None = Field(
+        None, description="where the run's wall time went (None: an older record)"
+    )

@@ -25,6 +25,8 @@ class Prediction:
     reason: str | None = None
     step_time_ratio: float | None = None
     """Predicted step time over a reference plan's (``None``: not predicted)."""
+    peak_moment: str | None = None
+    """The moment of the step the predicted peak falls at (``optimizer``, ``backward``, ...)."""
 
 
 Predict = Callable[[Plan], Prediction]

@@ -19,8 +19,9 @@ from autotune.records import (
 from autotune.search import _shared, _study
 from autotune.search._compare import recommendation
 from autotune.search._final import final_comparison
+from autotune.search._knobs import leaner_plan, unpaid_knob
 from autotune.search._outcome import classify_outcome, outcome_reason
-from autotune.search._records import TrialRecord, TuneRecord
+from autotune.search._records import Role, TrialRecord, TuneRecord, WallTime
 from autotune.search._runner import TrialRunner
 from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
 from autotune.search._steer import predicted_front, slower_than_best
@@ -94,6 +95,11 @@ class _Search:
             self._predictions[plan] = self.predict(plan)
         return self._predictions[plan]
 
+    def _predicted(self, plan: Plan) -> Prediction:
+        prediction = self.prediction(plan)
+        assert prediction is not None
+        return prediction
+
     def worth_running(self, records: list[TrialRecord]) -> bool:
         """Whether a plan is left that is queued, or not yet measured and not predicted
         (to miss the budget, or to be slower than the best measured beyond the error bar)."""
@@ -103,6 +109,8 @@ class _Search:
         for plan in self.space.all_plans():
             prediction = self.prediction(plan)
             if plan in tried or (prediction is not None and not prediction.fits):
+                continue
+            if unpaid_knob(plan, self.space, self._predicted, records) is not None:
                 continue
             if slower_than_best(prediction, records) is None:
                 return True
@@ -131,6 +139,8 @@ class _Search:
         others = [r for r in _study.records(self.study) if r.number != trial.number]
         prediction = self.prediction(plan)
         reason = self._skip_reason(plan, others, trial.number, prediction)
+        if reason is None and role != "baseline":  # the user's plan is measured as it is
+            reason = self._unpaid_reason(plan, role, others)
         if reason is None and role not in ("policy", "baseline"):
             reason = slower_than_best(prediction, others)
         fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
@@ -165,6 +175,21 @@ class _Search:
         if prediction is not None and not prediction.fits:
             return f"predicted not to fit: {prediction.reason or 'over the budget'}"
         return None
+
+    def _unpaid_reason(self, plan: Plan, role: str, others: list[TrialRecord]) -> str | None:
+        """Why ``plan`` is not run: a knob it turns buys nothing; its leaner twin is queued.
+
+        Only the sampler's plans drop an unpaid ZeRO stage: the predicted front measures
+        one plan per stage on purpose, and the policy chose its stage by its own rules.
+        """
+        if self.predict is None:
+            return None
+        unpaid = unpaid_knob(plan, self.space, self._predicted, others, stages=role == "search")
+        if unpaid is None:
+            return None
+        queued: Role = "search" if role == "search" else "predicted"
+        _study.enqueue(self.study, self.space, unpaid.twin, queued)
+        return unpaid.reason
 
     def _measure(self, plan: Plan) -> dict[str, Any]:
         report = self.runner.run(plan, self.settings)
@@ -226,6 +251,7 @@ def tune(
     Returns:
         The record of all trials, the final comparison and the recommendation.
     """
+    began = time.monotonic()
     options.check_machine(machine)
     space = make_space(options.global_batch, machine.gpus_per_node, blocks, policy,
                        options.baseline, machine.nodes, options.engines)  # fmt: skip
@@ -237,27 +263,35 @@ def tune(
     study = _study.open_study(options.storage, name, options.seed, options.heartbeat_s)
     notes: list[str] = []
     _shared.recover(study, notes)
+    startup = trials_s = 0.0
     # SIGTERM unwinds like SIGINT: the running trial is given back, its group killed.
     with sigterm_unwinds():
         if not options.finish:
-            _start(study, space, runner, settings, base_plan, notes, predict, options.front)
+            startup = _start(study, space, runner, settings, base_plan, notes, predict,
+                             options.front)  # fmt: skip
+            mark = time.monotonic()
             _run_study(_Search(study, space, runner, settings, predict), options.trials,
                        options.budget_s, progress, notes)  # fmt: skip
+            trials_s = time.monotonic() - mark
         records = _study.records(study)
         ranked = best_records(records)
         baseline = next((r for r in records if r.role == "baseline" and r.outcome == "ok"), None)
         if baseline is None:
             notes.append("the baseline did not run to completion: no speedup is reported")
+        mark = time.monotonic()
         comparison = final_comparison(study, ranked, baseline, runner, settings,
                                       options.repeats, notes)  # fmt: skip
+        comparing = time.monotonic() - mark
     rec = recommendation(ranked, comparison, model_file, code_changes, notes)
+    wall = WallTime.of(total_s=time.monotonic() - began, startup_s=startup, trials_s=trials_s,
+                       comparison_s=comparing)  # fmt: skip
     tokens = any(r.tokens_per_s is not None for r in ranked)
     return TuneRecord(
         model_file=model_file, study=name, storage=_study.shown_storage(options.storage),
         global_batch=options.global_batch, nproc=machine.gpus_per_node, nodes=machine.nodes,
         device_memory=settings.device_memory, margin=machine.margin,
         objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
-        comparison=comparison, recommendation=rec, notes=notes,
+        comparison=comparison, recommendation=rec, notes=notes, wall_time=wall,
     )  # fmt: skip
 
 
@@ -274,9 +308,16 @@ def trial_settings(model_file: str, options: TuneOptions, machine: Machine,
 
 
 def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
-           base_plan: Plan, notes: list[str], predict: Predict | None, front: int) -> None:  # fmt: skip
-    """Queue the policy's plan, the baseline and the predicted front; pay launcher start-up once."""
-    policy_plan = _fit_micro_batch(space, space.base)
+           base_plan: Plan, notes: list[str], predict: Predict | None, front: int) -> float:  # fmt: skip
+    """Queue the policy's plan, the baseline and the predicted front; pay launcher start-up once.
+
+    Returns:
+        The seconds the launcher's start-up took (0 where it had nothing to start).
+    """
+    policy_plan, unpaid = leaner_plan(_fit_micro_batch(space, space.base), space, predict, [],
+                                      stages=False)  # fmt: skip
+    if unpaid is not None:
+        notes.append(f"the policy's plan runs without what it does not need: {unpaid}")
     if policy_plan == base_plan:
         _study.enqueue(study, space, base_plan, "baseline")
     else:
@@ -285,13 +326,16 @@ def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialS
         notes.extend(_policy_note(policy_plan, base_plan, predict))
     if predict is not None:
         for plan in predicted_front(space, predict, front):
-            _study.enqueue(study, space, plan, "predicted")
+            _study.enqueue(study, space, leaner_plan(plan, space, predict, [], stages=False)[0],
+                           "predicted")  # fmt: skip
     shapes = [base_plan, policy_plan] + (
         [space.plan({"micro_batch": 1, "zero_stage": 1})] if space.world > 1 else []
     )
+    mark = time.monotonic()
     warm = runner.warm_up(shapes, settings)
     if warm:
         notes.append(f"launcher start-up paid once before the study: {warm:.1f} s (not trial time)")
+    return time.monotonic() - mark
 
 
 def _policy_note(policy: Plan, baseline: Plan, predict: Predict | None) -> list[str]:

@@ -86,7 +86,7 @@ def test_two_workers_run_the_final_comparison_once(tmp_path: Path) -> None:
     ran = [i for i, n in enumerate(extra) if n > 0]
     assert len(ran) == 1, f"comparison runs per worker: {extra}"
     compared = results[ran[0]]["comparison"]
-    assert compared is not None and extra[ran[0]] == compared["repeats"] * len(compared["labels"])
+    assert compared is not None and extra[ran[0]] == sum(compared["reruns"])
     study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{storage}")
     assert study.user_attrs[ATTR]["comparison"] == compared
     other = results[1 - ran[0]]
@@ -118,8 +118,9 @@ def test_a_rerun_reads_the_comparison_instead_of_measuring_again(tmp_path: Path)
     # and only that: the search is complete, so no trial is launched.
     more = FakeRunner(behaviour)
     third = run_tune("m.py", runner=more, **{**options, "repeats": 3})  # type: ignore[arg-type]
-    assert third.comparison is not None and third.comparison.repeats == 3
-    assert len(more.plans) == 3 * len(third.comparison.labels)
+    assert third.comparison is not None and third.comparison.cap == 3
+    assert third.comparison.reruns is not None
+    assert len(more.plans) == sum(third.comparison.reruns) > 0
     assert not any("read from the study" in note for note in third.notes)
 
 
@@ -147,7 +148,8 @@ def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path
     runner = FakeRunner(behaviour)
     record = run_tune("m.py", runner=runner, finish=True, **options)  # type: ignore[arg-type]
     assert record.comparison is not None and record.recommendation is not None
-    assert len(runner.plans) == record.comparison.repeats * len(record.comparison.labels)
+    assert record.comparison.reruns is not None
+    assert len(runner.plans) == sum(record.comparison.reruns)
 
 
 def test_the_claim_goes_to_exactly_one_caller_per_key(tmp_path: Path) -> None:
@@ -160,17 +162,19 @@ def test_the_claim_goes_to_exactly_one_caller_per_key(tmp_path: Path) -> None:
 
 def _done(number: int, micro_batch: int, speed: float, role: str = "search") -> TrialRecord:
     plan = Plan(micro_batch=micro_batch, grad_accum=8 // micro_batch)
+    step = 8 / speed  # the median step time's interval: +-5 %
     return TrialRecord(number=number, plan=plan, role=role, state="complete", outcome="ok",
-                       samples_per_s=speed)  # type: ignore[arg-type]  # fmt: skip
+                       samples_per_s=speed, step_time=step,
+                       step_interval=(0.95 * step, 1.05 * step))  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_the_key_changes_only_when_what_would_be_compared_changes() -> None:
     base = _done(0, 8, 10.0, "baseline")
     trials = [base, _done(1, 4, 14.0), _done(2, 2, 12.0)]
     key = comparison_key(best_records(trials), base, 2)
-    # A slower trial (neither best nor runner-up) leaves the comparison as it was ...
+    # A slower trial whose interval does not reach the best's leaves the comparison as it was ...
     assert comparison_key(best_records([*trials, _done(3, 1, 9.0)]), base, 2) == key
-    # ... a new best or runner-up, or other repeats, makes another one due.
+    # ... a new best, one overlapping the best, or another cap makes another one due.
     assert comparison_key(best_records([*trials, _done(3, 1, 20.0)]), base, 2) != key
     assert comparison_key(best_records([*trials, _done(3, 1, 13.0)]), base, 2) != key
     assert comparison_key(best_records(trials), base, 3) != key

@@ -1,0 +1,117 @@
+"""The final comparison reuses the search's runs: only plans whose intervals overlap the best's
+are re-run, and the rounds stop once the ranges separate (or at the cap). Trial results are
+scripted, so which plans re-run, and how often, follows from the numbers in each case."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from autotune.records import Plan
+from autotune.search import TrialResult, TrialSettings
+from autotune.search._compare import compare, recommendation
+from autotune.search._records import TrialRecord
+from autotune.search._runner import FakeRunner
+
+SETTINGS = TrialSettings(model_file="m.py", timeout_s=5)
+
+
+def _trial(number: int, micro_batch: int, speed: float, spread: float = 0.02,
+           blocks: int = 0, role: str = "search") -> TrialRecord:  # fmt: skip
+    """A measured trial at ``speed`` samples/s, its median step time known to +-``spread``."""
+    step = 8 / speed
+    plan = Plan(micro_batch=micro_batch, grad_accum=8 // micro_batch, checkpoint_blocks=blocks)
+    return TrialRecord(number=number, plan=plan, role=role, state="complete", outcome="ok",  # type: ignore[arg-type]
+                       samples_per_s=speed, step_time=step,
+                       step_interval=((1 - spread) * step, (1 + spread) * step))  # fmt: skip
+
+
+def _scripted(speeds: dict[int, list[float]]) -> FakeRunner:
+    """Re-runs of micro-batch ``m`` measure ``speeds[m]`` in turn."""
+    left: dict[int, Iterator[float]] = {m: iter(v) for m, v in speeds.items()}
+
+    def run(plan: Plan, settings: TrialSettings) -> TrialResult:
+        return TrialResult(completed_steps=2, samples_per_s=next(left[plan.micro_batch]),
+                           peak_memory_bytes=[1])  # fmt: skip
+
+    return FakeRunner(run)
+
+
+def test_a_best_whose_interval_overlaps_none_is_not_re_run() -> None:
+    best, base, slow = _trial(0, 4, 20.0), _trial(1, 8, 10.0, role="baseline"), _trial(2, 2, 15.0)
+    runner = _scripted({})
+    result = compare(runner, SETTINGS, [best, slow, base], base, repeats=3)
+    assert runner.plans == []
+    assert result.repeats == 0 and result.reruns == [0, 0]
+    assert result.labels == ["search best", "baseline"]  # the slow plan is not listed
+    # The speedup is the search's: 20/10, its interval from the two step-time intervals.
+    assert result.speedup == pytest.approx(2.0)
+    assert result.speedup_interval == pytest.approx((0.98 / 1.02 * 2.0, 1.02 / 0.98 * 2.0))
+    assert result.stopped == "no other plan's interval overlaps the best's"
+
+
+def test_only_overlapping_plans_re_run_until_they_separate() -> None:
+    # mb=2 (19.8) overlaps the best (20.0); the baseline (10) and mb=1 (12) do not.
+    best, close = _trial(0, 4, 20.0), _trial(1, 2, 19.8)
+    base, far = _trial(2, 8, 10.0, role="baseline"), _trial(3, 1, 12.0)
+    runner = _scripted({4: [21.0, 21.0], 2: [17.0, 17.0]})
+    result = compare(runner, SETTINGS, [best, close, far, base], base, repeats=5)
+    # One round: best [20, 21] and mb=2 [17, 19.8] separate; mb=1 and the baseline never re-run.
+    assert sorted(p.micro_batch for p in runner.plans) == [2, 4]
+    assert result.labels == ["search best", "baseline", "runner-up"]
+    assert result.repeats == 1 and result.reruns == [1, 0, 1]
+    assert result.winner == 0 and result.measured[0].samples_per_s == pytest.approx(20.5)
+    assert result.measured[0].repeats == 2 and result.measured[1].repeats == 1
+    assert result.stopped == "the intervals separated after 1 round(s)"
+
+
+def test_overlapping_ranges_re_run_up_to_the_cap() -> None:
+    best, close = _trial(0, 4, 20.0), _trial(1, 2, 19.9)
+    runner = _scripted({4: [19.0, 20.5, 19.5], 2: [20.2, 19.2, 20.1]})
+    result = compare(runner, SETTINGS, [best, close], None, repeats=3)
+    assert len(runner.plans) == 6 and result.repeats == 3 and result.reruns == [3, 3]
+    assert result.stopped is not None and "cap of 3" in result.stopped
+    # The winner is the highest median over the search run and the re-runs: 20.0 vs 19.75.
+    assert result.winner == 1 and result.speedup is None
+
+
+def test_repeats_0_re_runs_nothing_even_when_intervals_overlap() -> None:
+    best, close = _trial(0, 4, 20.0), _trial(1, 2, 19.9)
+    runner = _scripted({})
+    result = compare(runner, SETTINGS, [best, close], None, repeats=0)
+    assert runner.plans == [] and result.reruns == [0, 0] and result.cap == 0
+
+
+def test_a_checkpointed_winner_gives_way_to_its_overlapping_plain_twin() -> None:
+    # The checkpointed plan measured a hair faster, within the plain twin's range.
+    ckpt = _trial(0, 4, 20.0, blocks=6)
+    plain = _trial(1, 4, 19.9)
+    runner = _scripted({4: [19.9, 20.0, 19.9, 20.0, 19.9, 20.0]})
+    result = compare(runner, SETTINGS, [ckpt, plain], None, repeats=3)
+    assert result.measured[result.winner].plan.checkpoint_blocks == 0
+    notes: list[str] = []
+    rec = recommendation([ckpt, plain], result, "m.py", None, notes)
+    assert rec is not None and rec.plan == plain.plan
+    assert any("checkpointing did not show to pay" in n for n in notes)
+
+
+def test_a_checkpointed_winner_that_separated_from_its_twin_stays() -> None:
+    ckpt, plain = _trial(0, 4, 20.0, blocks=6), _trial(1, 4, 15.0)
+    result = compare(_scripted({}), SETTINGS, [ckpt, plain], None, repeats=3)
+    assert result.measured[result.winner].plan.checkpoint_blocks == 6
+
+
+def test_a_plan_whose_re_run_fails_is_not_recommended_on_its_search_run() -> None:
+    best, close = _trial(0, 4, 20.0), _trial(1, 2, 19.9)
+
+    def run(plan: Plan, settings: TrialSettings) -> TrialResult | str:
+        if plan.micro_batch == 4:
+            return "crash"
+        return TrialResult(completed_steps=2, samples_per_s=19.9, peak_memory_bytes=[1])
+
+    runner = FakeRunner(run)
+    result = compare(runner, SETTINGS, [best, close], None, repeats=3)
+    # The failed plan drops out after the first round; the other is left alone and wins.
+    assert len(runner.plans) == 2 and result.reruns == [0, 1]
+    assert result.winner == 1
