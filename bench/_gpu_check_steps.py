@@ -307,7 +307,7 @@ def run_sharded(run: Run, results: Results) -> None:
 
     nproc = run.config.sharded_nproc or max(1, torch.cuda.device_count())
     cmd = [sys.executable, "bench/zero_peaks.py", "examples/tiny_llama.py", "--device",
-           run.config.device, "--nproc", str(nproc), "--no-trial", "--plans-per-job", "10",
+           run.config.device, "--nproc-per-node", str(nproc), "--no-trial", "--plans-per-job", "10",
            "--timeout", str(max(30, int(run.left() - 10))), "--grid", run.config.sharded_grid]  # fmt: skip
     results.sharded = _bench_table(run, results, "sharded", cmd)
 

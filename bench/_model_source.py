@@ -12,7 +12,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-config")
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--plans", nargs="+", required=True)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc-per-node", type=int, default=2)
 
 
 def model_path(args: argparse.Namespace, work: Path) -> str:

@@ -229,7 +229,7 @@ def main() -> None:
     from autotune.records import parse_plan
 
     started = time.time()
-    plans = [parse_plan(f"{text},gpus={args.nproc}") for text in args.plans]
+    plans = [parse_plan(f"{text},nproc_per_node={args.nproc}") for text in args.plans]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bf16-peaks-") as directory:
         work = Path(directory)

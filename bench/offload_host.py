@@ -91,7 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--plans", nargs="+", required=True)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the rank job")
     args = parser.parse_args()
@@ -101,7 +101,7 @@ def main() -> None:
 
     started = time.time()
     model = str(Path(args.model).resolve())
-    plans = [parse_plan(f"{text},gpus={args.nproc}") for text in args.plans]
+    plans = [parse_plan(f"{text},nproc_per_node={args.nproc}") for text in args.plans]
     if any(plan.offload_optimizer == "none" for plan in plans):
         parser.error("--plans: each plan offloads its optimizer (offload_optimizer=cpu)")
     twins = [plan.with_changes(offload_optimizer="none", offload_param="none") for plan in plans]

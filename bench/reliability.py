@@ -138,7 +138,7 @@ class Watch:
 
 def _command(folder: Path, profile: Path, fault: Fault) -> list[str]:
     return [AUTOTUNE, "tune", str(folder / "model.py"), "--global-batch", "4",
-            "--nproc", str(fault.nproc), "--trials", str(fault.trials), "--repeats", "1",
+            "--nproc-per-node", str(fault.nproc), "--trials", str(fault.trials), "--repeats", "1",
             "--steps", "1", "--warmup", "0", "--device", "cpu", "--profile", str(profile),
             "--storage", str(folder / "study.db"), "--study", "bench", "--out-dir", str(folder),
             "--trial-timeout", str(fault.timeout_s), "--json"]  # fmt: skip

@@ -70,7 +70,7 @@ def in_process(profile: Path, extra: list[str], repeats: int) -> list[float]:
         options["device_memory"] = int(flags["--device-memory"].removesuffix("GB")) * 10**9
     if "--nproc-per-node" in flags:
         per_node = int(flags["--nproc-per-node"])
-        options["gpus_per_node"] = per_node
+        options["nproc_per_node"] = per_node
         options["world_size"] = per_node * int(flags.get("--nnodes", "1"))
     if "--inter-gbps" in flags:
         options["inter_gbps"] = float(flags["--inter-gbps"])

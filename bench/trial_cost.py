@@ -47,7 +47,7 @@ def _load() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
@@ -56,7 +56,7 @@ def main() -> None:
     model = str(Path(args.model).resolve())
     per_rank = args.global_batch // args.nproc
     stages = [0, 1, 2, 3] if args.nproc > 1 else [0]
-    plans = [Plan(micro_batch=per_rank // 2, grad_accum=2, gpus_per_node=args.nproc,
+    plans = [Plan(micro_batch=per_rank // 2, grad_accum=2, nproc_per_node=args.nproc,
                   zero_stage=stages[i % len(stages)]) for i in range(args.rounds)]  # fmt: skip
     settings = TrialSettings(model_file=model, steps=args.steps, warmup=1, device="cpu",
                              timeout_s=900)  # fmt: skip

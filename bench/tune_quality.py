@@ -44,7 +44,7 @@ def _speed(pool: PoolRunner, plan: Plan, settings: TrialSettings) -> float | Non
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--baseline-micro-batch", type=int, default=1)
     parser.add_argument("--trials", type=int, default=8)
@@ -55,11 +55,11 @@ def main() -> None:
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
     per_rank = args.global_batch // args.nproc
-    baseline = Plan(micro_batch=args.baseline_micro_batch, gpus_per_node=args.nproc,
+    baseline = Plan(micro_batch=args.baseline_micro_batch, nproc_per_node=args.nproc,
                     grad_accum=per_rank // args.baseline_micro_batch)  # fmt: skip
     print(f"load average (1/5/15 min) at start: {_load()} on {os.cpu_count()} cores")
     if args.remeasure:
-        plans = [parse_plan(text, Plan(gpus_per_node=args.nproc)) for text in args.remeasure]
+        plans = [parse_plan(text, Plan(nproc_per_node=args.nproc)) for text in args.remeasure]
         settings = TrialSettings(model_file=model, steps=5, warmup=1, device="cpu", timeout_s=900)
         with (
             tempfile.TemporaryDirectory() as tmp,

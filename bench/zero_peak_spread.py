@@ -39,7 +39,7 @@ def main() -> None:
 
     from autotune.records import parse_plan
 
-    plan = parse_plan(f"{args.plan},gpus=2")
+    plan = parse_plan(f"{args.plan},nproc_per_node=2")
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

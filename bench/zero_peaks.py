@@ -267,7 +267,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--grid", help="engines=zero1,...,fsdp2-3 precision=... ckpt=... ga=... mb=..."
     )
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--profile-batch", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--plans-per-job", type=int, default=1)
@@ -309,8 +309,8 @@ def main() -> None:
     stack = record.model.block_stack
     blocks = stack.count if stack else 1
     texts = [*args.plans, *(grid_plans(args.grid, blocks) if args.grid else [])]
-    plans = [parse_plan(f"{text},gpus={args.nproc}") for text in texts]
-    machine = Machine(device=args.device, gpus_per_node=args.nproc)
+    plans = [parse_plan(f"{text},nproc_per_node={args.nproc}") for text in texts]
+    machine = Machine(device=args.device, nproc_per_node=args.nproc)
     composition = (
         compose.compose(record, machine=machine)
         if args.road == "profile"

@@ -1,7 +1,7 @@
 """Accelerate with an autotune DeepSpeed config (DeepSpeedPlugin(hf_ds_config=...)), tiny Llama.
 
 One CPU process:  python examples/accelerate_train.py --plan "stage=2,mb=2,ga=2" --steps 3
-Several ranks:    torchrun --nproc_per_node=2 examples/accelerate_train.py --plan "stage=2,gpus=2"
+Several ranks:    torchrun --nproc_per_node=2 examples/accelerate_train.py --plan "stage=2,nproc_per_node=2"
 The last stdout line is JSON: {"plan", "losses", "world_size", "deepspeed", "resolved"}.
 """
 

@@ -1,7 +1,7 @@
 """deepspeed.initialize with an autotune config: the tiny Llama of tiny_llama.py, a few steps.
 
 One CPU process:  python examples/deepspeed_train.py --plan "stage=3,precision=bf16,mb=2" --steps 3
-Several ranks:    torchrun --nproc_per_node=2 examples/deepspeed_train.py --plan "stage=2,gpus=2"
+Several ranks:    torchrun --nproc_per_node=2 examples/deepspeed_train.py --plan "stage=2,nproc_per_node=2"
 A saved config:   python examples/deepspeed_train.py --config ds_config.json
 The last stdout line is JSON: {"plan", "losses", "world_size"}.
 """

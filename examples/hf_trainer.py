@@ -1,7 +1,7 @@
 """The HF Trainer with an autotune DeepSpeed config: the tiny Llama of tiny_llama.py, synthetic data.
 
 Run on one CPU process:  python examples/hf_trainer.py --plan "stage=2,mb=2,ga=2" --steps 3
-or on several ranks:     torchrun --nproc_per_node=2 examples/hf_trainer.py --plan "stage=2,gpus=2"
+or on several ranks:     torchrun --nproc_per_node=2 examples/hf_trainer.py --plan "stage=2,nproc_per_node=2"
 The last stdout line is JSON: {"plan", "losses", "world_size", "deepspeed", "resolved"}.
 """
 

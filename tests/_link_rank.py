@@ -96,7 +96,7 @@ def window(engine: Any, steps: int) -> float:
 def run_plan(knobs: str, rate: str) -> dict[str, Any]:
     """Shaped and open windows of one plan, interleaved, and its collectives per step."""
     knobs, _, release = knobs.partition("+")
-    config = emit_deepspeed_config(parse_plan(f"{knobs},gpus=1,nodes=2")).config
+    config = emit_deepspeed_config(parse_plan(f"{knobs},nproc_per_node=1,nnodes=2")).config
     if release:
         config["zero_optimization"].update(stage3_max_reuse_distance=0,
                                            stage3_max_live_parameters=0,

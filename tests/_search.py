@@ -47,7 +47,7 @@ def run_tune(
     runner: TrialRunner,
     settings: TrialSettings | None = None,
     nproc: int = 1,
-    nodes: int = 1,
+    nnodes: int = 1,
     blocks: int = 0,
     policy: Plan | None = None,
     predict: Predict | None = None,
@@ -55,11 +55,11 @@ def run_tune(
     progress: Callable[[Progress], None] | None = None,
     **options: Any,
 ) -> TuneRecord:
-    """:func:`autotune.search.tune` with ``TuneOptions(**options)`` on ``nproc`` x ``nodes``."""
+    """:func:`autotune.search.tune` with ``TuneOptions(**options)`` on ``nproc`` x ``nnodes``."""
     return tune(
         model_file,
         options=TuneOptions(**options),
-        machine=Machine(gpus_per_node=nproc, nodes=nodes),
+        machine=Machine(nproc_per_node=nproc, nnodes=nnodes),
         settings=settings or TrialSettings(model_file=model_file),
         runner=runner,
         blocks=blocks,

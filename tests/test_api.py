@@ -32,16 +32,16 @@ def test_the_margin_decides_what_tune_prunes() -> None:
 
 
 def test_tunes_keywords_take_a_size_string() -> None:
-    _, machine = tune_records(None, None, {"global_batch": 8, "device_memory": "2GiB", "nproc": 2})
-    assert (machine.device_memory, machine.gpus_per_node) == (2 * 2**30, 2)
+    _, machine = tune_records(None, None, {"global_batch": 8, "device_memory": "2GiB", "nproc_per_node": 2})
+    assert (machine.device_memory, machine.nproc_per_node) == (2 * 2**30, 2)
 
 
 def test_the_deliverables_take_a_plan_string() -> None:
     config = autotune.deepspeed_config("stage=2,mb=4,ga=2", world_size=2)
     assert config["zero_optimization"]["stage"] == 2
     assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"]) == (4, 4 * 2 * 2)
-    out = autotune.fsdp2_config("engine=fsdp2,stage=3,ckpt=all,gpus=2", num_blocks=6)
-    assert out["plan"] == "precision=fp32,ckpt=6,mb=1,stage=3,gpus_per_node=2,engine=fsdp2"
+    out = autotune.fsdp2_config("engine=fsdp2,stage=3,ckpt=all,nproc_per_node=2", num_blocks=6)
+    assert out["plan"] == "precision=fp32,ckpt=6,mb=1,stage=3,nproc_per_node=2,engine=fsdp2"
 
 
 @pytest.mark.parametrize(

@@ -261,7 +261,7 @@ def _runnable(shown: Shown) -> bool:
 def _files(folder: Path) -> None:
     """The files the runnable commands read, as the loop before them would have left them."""
     write_record(folder / "autotune-profile.json", synthetic_profile(device="cuda"))
-    plan = parse_plan("stage=2,mb=4,ga=8,precision=bf16,gpus=8")
+    plan = parse_plan("stage=2,mb=4,ga=8,precision=bf16,nproc_per_node=8")
     write_record(folder / "recommendation.json",
                  Recommendation(source="tune", plan=plan, code_changes=code_changes_for(plan)))  # fmt: skip
     (folder / "my_ds.json").write_text('{"gradient_clipping": 1.0}\n', encoding="utf-8")

@@ -27,14 +27,15 @@ def default_guard(nproc: int) -> int:
     return int(psutil.virtual_memory().available * GUARD_SHARE / nproc)
 
 
-_ALIASES = {"nproc": "gpus_per_node", "nproc_per_node": "gpus_per_node", "nnodes": "nodes"}
+_RENAMED = {"nproc": "nproc_per_node", "gpus_per_node": "nproc_per_node", "nodes": "nnodes",
+            "world_size": "nproc_per_node and nnodes"}  # fmt: skip
 
 
 def tune_records(
     options: TuneOptions | None, machine: Machine | None, fields: Mapping[str, Any]
 ) -> tuple[TuneOptions, Machine]:
     """The run's two records: those given, or built from keyword ``fields`` named as their
-    fields (``nproc`` for ``gpus_per_node``, ``nnodes`` for ``nodes``).
+    fields; an old spelling of the rank count is refused with its new name.
 
     Raises:
         AutotuneError: a keyword neither record has, or one given beside its record.
@@ -43,7 +44,9 @@ def tune_records(
              "machine": {f.name for f in dataclasses.fields(Machine)}}  # fmt: skip
     given: dict[str, dict[str, Any]] = {"options": {}, "machine": {}}
     for key, value in fields.items():
-        name = _ALIASES.get(key, key)
+        if key in _RENAMED:
+            raise AutotuneError(f"tune: {key}: renamed to {_RENAMED[key]}")
+        name = key
         owner = next((kind for kind, known in names.items() if name in known), None)
         if owner is None:
             raise AutotuneError(

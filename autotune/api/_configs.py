@@ -71,7 +71,7 @@ def fsdp2_config(
     Example:
         >>> from autotune import fsdp2_config
         >>> from autotune.records import parse_plan
-        >>> out = fsdp2_config(parse_plan("engine=fsdp2,stage=3,precision=bf16,gpus=8"))
+        >>> out = fsdp2_config(parse_plan("engine=fsdp2,stage=3,precision=bf16,nproc_per_node=8"))
         >>> out["accelerate_config"]["fsdp_config"]["fsdp_version"], out["hf_trainer"]["fsdp"]
         (2, True)
     """

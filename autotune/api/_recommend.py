@@ -30,7 +30,8 @@ def recommend(
     model_file_or_callables: str | Path | Mapping[str, Callable[..., Any]] | None = None,
     *,
     global_batch: int,
-    world_size: int = 1,
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
     search: bool = False,
     machine: Machine | None = None,
     options: TuneOptions | None = None,
@@ -51,14 +52,15 @@ def recommend(
             those hooks as a dict of module-level functions. Omit it to give
             ``hf_config`` or ``hf_model`` instead.
         global_batch: samples per optimizer step over all ranks, kept by every plan.
-        world_size: data-parallel ranks the plan is for (with ``search``, trials
-            run this many processes here).
+        nproc_per_node: ranks on each node, as torchrun counts them (with ``search``,
+            trials run this many processes here).
+        nnodes: nodes; the plan is for ``nproc_per_node x nnodes`` ranks.
         search: ``False`` profiles once and takes the policy's plan; ``True`` runs
             real trials (``autotune tune``) and takes the measured best.
         machine: the target machine; or its fields as keywords: ``device`` (where to
             profile and run trials), ``device_memory`` (bytes, or a string such as
             ``"80GiB"``; default: the profiled GPU's, or this CPU's available memory),
-            ``margin``, ``gpus_per_node`` (when ``world_size`` spans nodes), ``inter_gbps``.
+            ``margin``, ``inter_gbps``.
         options: with ``search``, what the search is asked (:class:`TuneOptions`); or its
             fields as keywords (``trials``, ``budget_s``, ``steps``, ``storage``, ...).
             Without ``search`` they would be ignored, so they are refused.
@@ -81,17 +83,17 @@ def recommend(
         AutotuneError: bad arguments, a broken model file, or a search in which
             no trial succeeded.
     """
-    if global_batch < 1 or world_size < 1 or global_batch % world_size:
+    if nproc_per_node < 1 or nnodes < 1:
+        raise AutotuneError(f"recommend: nproc_per_node and nnodes must be >= 1 "
+                            f"(got {nproc_per_node}, {nnodes})")  # fmt: skip
+    ranks = machine.world_size if machine is not None else nproc_per_node * nnodes
+    if global_batch < 1 or global_batch % ranks:
         raise AutotuneError(
-            f"recommend: global_batch {global_batch} must be a positive multiple of world_size {world_size}"
+            f"recommend: global_batch {global_batch} must be a positive multiple of "
+            f"nproc_per_node x nnodes = {ranks}"
         )
-    per_node = fields.pop("gpus_per_node", None) or world_size
     if machine is None:
-        if world_size % per_node:
-            raise AutotuneError(
-                f"recommend: gpus_per_node {per_node} does not divide world_size {world_size}"
-            )
-        fields.update(gpus_per_node=per_node, nodes=world_size // per_node)
+        fields.update(nproc_per_node=nproc_per_node, nnodes=nnodes)
     tune_fields = {f.name for f in dataclasses.fields(TuneOptions)}
     if not search and (options is not None or runner is not None or set(fields) & tune_fields):
         ignored = sorted(set(fields) & tune_fields) + ["options"] * (options is not None) + [

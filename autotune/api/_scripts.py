@@ -58,15 +58,15 @@ def check_script(
     Raises:
         AutotuneError: one line naming the flag or the command's part at fault.
     """
-    if machine.nodes != 1:
-        raise AutotuneError(f"--nnodes {machine.nodes}: a script's trials run on this node only")
+    if machine.nnodes != 1:
+        raise AutotuneError(f"--nnodes {machine.nnodes}: a script's trials run on this node only")
     if "fsdp2" in options.engines:
         raise AutotuneError(
             "--engines fsdp2: a script's trials inject DeepSpeed only (the FSDP2 plugin is not "
             "injected into Trainer or Accelerate scripts); tune a model file for FSDP2"
         )
     options.check_machine(machine)
-    check_command(command, machine.gpus_per_node)
+    check_command(command, machine.nproc_per_node)
     return dict(arg_map) if isinstance(arg_map, Mapping) else parse_arg_map(arg_map)
 
 
@@ -125,10 +125,10 @@ def tune_script(
     label = shlex.join(command)
     if options.study_name is None:
         script = next((t for t in command if t.endswith(".py")), command[-1])
-        stem = f"{Path(script).stem}-g{options.global_batch}-n{machine.gpus_per_node}"
+        stem = f"{Path(script).stem}-g{options.global_batch}-n{machine.nproc_per_node}"
         options = replace(options, study_name=stem)
     machine = replace(machine, device=trial_device(machine.device))
-    settings = trial_settings(label, options, machine, default_guard(machine.gpus_per_node))
+    settings = trial_settings(label, options, machine, default_guard(machine.nproc_per_node))
     if runner is None:
         runner = ScriptRunner(command, hook_dir=HOOK_DIR, arg_map=mapping,
                               entry_points=ENTRY_POINTS)  # fmt: skip
@@ -140,8 +140,8 @@ def tune_script(
     probe = None
     if isinstance(runner, ScriptRunner):
         first = options.baseline or Plan(
-            micro_batch=options.global_batch // machine.gpus_per_node,
-            gpus_per_node=machine.gpus_per_node,
+            micro_batch=options.global_batch // machine.nproc_per_node,
+            nproc_per_node=machine.nproc_per_node,
         )
         probe = runner.probe(first, settings, profile=saved is None)
         if probe.parameters is not None:
@@ -154,7 +154,7 @@ def tune_script(
         composition = compose.compose(record, machine=machine, global_batch=options.global_batch,
                                       policy_path=options.policy_path)  # fmt: skip
         machine = composition.machine
-        settings = trial_settings(label, options, machine, default_guard(machine.gpus_per_node))
+        settings = trial_settings(label, options, machine, default_guard(machine.nproc_per_node))
         assert composition.policy is not None
         policy, notes = _injectable(composition.policy, probe)
         predict = composition.prediction
@@ -196,7 +196,7 @@ def profile_script(
     settings = TrialSettings(model_file=label, steps=steps, warmup=warmup, device=trial_device(device),
                              timeout_s=timeout_s, memory_guard=default_guard(nproc))  # fmt: skip
     runner = ScriptRunner(command, hook_dir=HOOK_DIR, arg_map=mapping, entry_points=ENTRY_POINTS)
-    probe = runner.probe(Plan(micro_batch=batch_size, gpus_per_node=nproc), settings, profile=True)
+    probe = runner.probe(Plan(micro_batch=batch_size, nproc_per_node=nproc), settings, profile=True)
     if probe.profile is None:
         raise AutotuneError(f"--: the script's model could not be profiled: {probe.profile_error}")
     return probe.profile

@@ -41,11 +41,11 @@ def check_tune(options: TuneOptions, machine: Machine, model_path: str | None = 
     """
     check_model_path(model_path)
     options.check_machine(machine)
-    if launches and machine.nodes > 1 and options.rdzv_endpoint is None:
+    if launches and machine.nnodes > 1 and options.rdzv_endpoint is None:
         raise AutotuneError(
-            f"--nnodes {machine.nodes}: give --rdzv-endpoint HOST:PORT on one of the nodes"
+            f"--nnodes {machine.nnodes}: give --rdzv-endpoint HOST:PORT on one of the nodes"
         )
-    if launches and machine.nodes > 1 and options.rdzv_endpoint:
+    if launches and machine.nnodes > 1 and options.rdzv_endpoint:
         parse_endpoint(options.rdzv_endpoint)
     load_policy(options.policy_path)
 
@@ -76,7 +76,7 @@ def tune_model(
         model_path: the model file (or ``hf_config``/``hf_model`` with ``seq_len``).
         options: what the run is asked (:class:`TuneOptions`); or give its fields as keywords.
         machine: the target machine (:class:`Machine`); or give its fields as keywords
-            (``nproc`` for ``gpus_per_node``).
+            (``nproc`` for ``nproc_per_node``).
         runner: launches trials (default: a pooled runner here; over several nodes, the
             agents through the study).
         progress: called after each trial.
@@ -90,7 +90,7 @@ def tune_model(
         **fields: fields of :class:`TuneOptions` and :class:`Machine`, when those are not given.
 
     Example:
-        ``tune_model("model.py", global_batch=64, nproc=2, device_memory="2GiB")``
+        ``tune_model("model.py", global_batch=64, nproc_per_node=2, device_memory="2GiB")``
     """
     from autotune.runtime.hf import model_source
 
@@ -100,7 +100,7 @@ def tune_model(
     with model_source(model_path, hf_config=hf_config, hf_model=hf_model, seq_len=seq_len,
                       task=task) as src:  # fmt: skip
         if options.study_name is None:
-            name = f"{src.stem}-g{options.global_batch}-n{machine.gpus_per_node}"
+            name = f"{src.stem}-g{options.global_batch}-n{machine.nproc_per_node}"
             options = dataclasses.replace(options, study_name=name)
         tuned = _tune_file(str(src.path), src.label, options, machine, runner, progress, notice)
     if tuned.wall_time is None:
@@ -120,10 +120,10 @@ def _tune_file(
     notice: Callable[[str], None] | None = None,
 ) -> TuneRecord:
     assert options.study_name is not None
-    if runner is None and machine.nodes > 1:
+    if runner is None and machine.nnodes > 1:
         assert options.rdzv_endpoint is not None
         runner = AgentRunner(storage=options.storage, study_name=options.study_name,
-                             nnodes=machine.nodes, nproc=machine.gpus_per_node,
+                             nnodes=machine.nnodes, nproc=machine.nproc_per_node,
                              rdzv_endpoint=options.rdzv_endpoint,
                              join_timeout_s=options.join_timeout_s)  # fmt: skip
     # The storage is opened (and the study created) before any measurement, so a bad
@@ -145,12 +145,12 @@ def _tune_file(
     policy, blocked = _loader_knobs(model_path, composition.policy, record.config.batch_size)
     stack = record.model.block_stack
     settings = trial_settings(str(Path(model_path).resolve()), options, machine,
-                              default_guard(machine.gpus_per_node))  # fmt: skip
+                              default_guard(machine.nproc_per_node))  # fmt: skip
     if notice is not None:  # the model ran: what remains before the first trial is start-up
         notice("starting the trial workers (a first DeepSpeed start compiles its comm op: "
                "about a minute)")  # fmt: skip
     mark = time.monotonic()
-    if runner is None and machine.nodes == 1:  # DeepSpeed's comm op, built once with a deadline
+    if runner is None and machine.nnodes == 1:  # DeepSpeed's comm op, built once with a deadline
         from autotune.runtime.extensions import prepare_deepspeed
 
         prepare_deepspeed(machine.device, settings.timeout_s)

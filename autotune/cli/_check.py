@@ -1,4 +1,4 @@
-"""`estimate --check`: a row of a table ("stage=2,world_size=4,memory=17.2GB,tokens_per_s=1240,
+"""`estimate --check`: a row of a table ("stage=2,nproc_per_node=4,memory=17.2GB,tokens_per_s=1240,
 tflops=112.5,device=A100") read into the estimator's :class:`Claim`."""
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def read_check(text: str) -> CheckSpec:
     """Read one ``--check`` row; every bad key or value is named before any work.
 
     Keys: ``memory`` (per device), ``tokens_per_s`` and ``tflops`` (per device),
-    ``mfu``, ``device`` (a GPU of the peak table), ``world_size``, and any plan knob (``ckpt=all``
-    too), each once. The device's peak is read at the row's ``precision=`` (default bf16).
+    ``mfu``, ``device`` (a GPU of the peak table), and any plan knob (``nproc_per_node``, ``nnodes``,
+    ``ckpt=all`` too), each once. The device's peak is read at the row's ``precision=`` (default bf16).
     """
     from autotune.estimator import PEAK_DTYPE, device_peak_flops
     from autotune.records import parse_plan
@@ -68,7 +68,7 @@ def read_check(text: str) -> CheckSpec:
         key, _, value = (part.strip() for part in item.partition("="))
         if key in seen:
             raise AutotuneError(f"--check {text!r}: {key} given twice")
-        if key in ("memory", *_RATES, "device", "world_size"):
+        if key in ("memory", *_RATES, "device"):
             seen.add(key)
         if key == "memory":
             stated["memory_bytes"] = parse_bytes(value, "--check memory")
@@ -76,8 +76,6 @@ def read_check(text: str) -> CheckSpec:
             stated[key] = _rate(text, key, value)
         elif key == "device":
             stated["device"] = value
-        elif key == "world_size":
-            knobs += [f"gpus_per_node={value}", "nodes=1"]
         else:
             knobs.append(item)
     if not any(key in stated for key in ("memory_bytes", *_RATES)):

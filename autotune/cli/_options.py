@@ -29,13 +29,12 @@ MARGIN = typer.Option(
     "and the search's pruning.",
 )
 NPROC_PER_NODE = typer.Option(
-    Machine.gpus_per_node,
+    Machine.nproc_per_node,
     "--nproc-per-node",
-    "--nproc",
     min=1,
     help="Devices (ranks) on each node, as torchrun counts them.",
 )
-NNODES = typer.Option(Machine.nodes, "--nnodes", min=1, help="Nodes, as torchrun counts them.")
+NNODES = typer.Option(Machine.nnodes, "--nnodes", min=1, help="Nodes, as torchrun counts them.")
 PCIE_GBPS = typer.Option(
     None, "--pcie-gbps", callback=above(0), help="Host-device link, Gbit/s (offload time)."
 )
@@ -89,8 +88,8 @@ def machine(
     device: str | None = None,
     device_memory: str | None = None,
     margin: float = DEFAULT_MARGIN,
-    nproc_per_node: int = Machine.gpus_per_node,
-    nnodes: int = Machine.nodes,
+    nproc_per_node: int = Machine.nproc_per_node,
+    nnodes: int = Machine.nnodes,
     inter_gbps: float | None = None,
     intra_gbps: float | None = None,
     pcie_gbps: float | None = None,
@@ -100,5 +99,5 @@ def machine(
     budget = parse_bytes(device_memory, "--device-memory") if device_memory else None
     host = parse_bytes(host_memory, "--host-memory") if host_memory else None
     return Machine(device=device or Machine.device, device_memory=budget, margin=margin,
-                   gpus_per_node=nproc_per_node, nodes=nnodes, inter_gbps=inter_gbps,
+                   nproc_per_node=nproc_per_node, nnodes=nnodes, inter_gbps=inter_gbps,
                    intra_gbps=intra_gbps, pcie_gbps=pcie_gbps, host_memory=host)  # fmt: skip

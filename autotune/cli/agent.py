@@ -20,7 +20,7 @@ def agent_command(
 ) -> None:  # fmt: skip
     """Launch this node's ranks of every trial `autotune tune --nnodes K` posts, until it ends.
 
-    Run one agent on each of the K nodes (e.g. `srun --ntasks-per-node=1 autotune agent ...`). The asker (`autotune tune`) puts each trial in the study; every agent reads it, starts torchrun for its --nproc ranks with the c10d rendezvous at the asker's --rdzv-endpoint, and writes its node's report back to the study.
+    Run one agent on each of the K nodes (e.g. `srun --ntasks-per-node=1 autotune agent ...`). The asker (`autotune tune`) puts each trial in the study; every agent reads it, starts torchrun for its --nproc-per-node ranks with the c10d rendezvous at the asker's --rdzv-endpoint, and writes its node's report back to the study.
 
     The model file must be at the same path on every node, with the same versions of Python, torch, DeepSpeed and autotune (checked for every trial).
     """

@@ -71,7 +71,7 @@ def config(
             check_output(out, "--out")
         rec = _load_source(recommendation, plan)
         world_size = (
-            (nproc_per_node or rec.plan.gpus_per_node) * (nnodes or rec.plan.nodes)
+            (nproc_per_node or rec.plan.nproc_per_node) * (nnodes or rec.plan.nnodes)
             if nproc_per_node or nnodes
             else None
         )

@@ -103,8 +103,8 @@ def estimate_command(
     ),
     as_json: bool = _options.JSON,
     world_size: int | None = _options.RENAMED_WORLD_SIZE,
-    gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
-    nodes: int | None = _options.RENAMED_NODES,
+    renamed_gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
+    renamed_nodes: int | None = _options.RENAMED_NODES,
     precision: str | None = _options.RENAMED_PRECISION,
 ) -> None:
     """Predict per-device memory, fit, relative step time and communication of plans.
@@ -116,7 +116,7 @@ def estimate_command(
     with user_errors():
         from autotune.cli._check import read_check
 
-        _options.refuse_renamed(world_size=world_size, gpus_per_node=gpus_per_node, nodes=nodes,
+        _options.refuse_renamed(world_size=world_size, gpus_per_node=renamed_gpus_per_node, nodes=renamed_nodes,
                                 precision=precision)  # fmt: skip
         machine = _options.machine(device_memory=device_memory, margin=margin,
                                    nproc_per_node=nproc_per_node, nnodes=nnodes,
@@ -126,7 +126,7 @@ def estimate_command(
         checks = [read_check(text) for text in check]
         profile = profiles[0] if profiles else None
         base, ckpt_all = _base_plan(batch_size, autocast, checkpointing, profile)
-        base = base.with_changes(gpus_per_node=machine.gpus_per_node, nodes=machine.nodes)
+        base = base.with_changes(nproc_per_node=machine.nproc_per_node, nnodes=machine.nnodes)
         composition = _composition(
             model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans), task,
             machine, device or "auto",
@@ -281,8 +281,8 @@ def _unit(record: EstimateRecord) -> tuple[str, float]:
 def _devices(record: EstimateRecord) -> str:
     plan = record.plans[0].plan
     return (
-        f"{plan.gpus_per_node} x {plan.nodes} devices"
-        if plan.nodes > 1
+        f"{plan.nproc_per_node} x {plan.nnodes} devices"
+        if plan.nnodes > 1
         else f"{plan.world_size} device{'s' if plan.world_size > 1 else ''}"
     )
 
@@ -290,7 +290,7 @@ def _devices(record: EstimateRecord) -> str:
 def _short(plan: Plan) -> str:
     """The plan's knobs without the devices (the title gives them), precision first and bare."""
     parts = plan.describe().split(",")
-    skip = ("gpus_per_node=", "nodes=", "precision=", "stage=0")
+    skip = ("nproc_per_node=", "nnodes=", "precision=", "stage=0")
     keep = [p for p in parts if not p.startswith(skip)]
     return " ".join([plan.precision, *keep])
 

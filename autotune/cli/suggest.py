@@ -46,7 +46,7 @@ def suggest_command(
     ),
     json_output: bool = _options.JSON,
     world_size: int | None = _options.RENAMED_WORLD_SIZE,
-    gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
+    renamed_gpus_per_node: int | None = _options.RENAMED_GPUS_PER_NODE,
 ) -> None:
     """Propose the next change, then the rest of the ordered plan, from a saved profile.
 
@@ -56,7 +56,7 @@ def suggest_command(
         from autotune.policy import suggest
         from autotune.records import AutotuneError, ProfileRecord, read_record
 
-        _options.refuse_renamed(world_size=world_size, gpus_per_node=gpus_per_node)
+        _options.refuse_renamed(world_size=world_size, gpus_per_node=renamed_gpus_per_node)
         known = ("torch", "accelerate", "deepspeed", "hf_trainer")
         if framework is not None and framework not in known:
             raise AutotuneError(f"--framework: {framework!r} is not one of {', '.join(known)}")
@@ -190,8 +190,8 @@ _LABELS = {
     "target_global_batch": "target global batch",
     "global_batch": "global batch",
     "world_size": "ranks",
-    "nodes": "nodes",
-    "gpus_per_node": "ranks per node",
+    "nnodes": "nodes",
+    "nproc_per_node": "ranks per node",
     "inter_gbps": "link between nodes (Gbit/s)",
     "input_share": "share of the step waiting for data",
     "is_transformer": "a transformer",

@@ -122,7 +122,7 @@ def _baseline(text: str, per_rank: int, machine: Machine) -> Any:
     """The user's plan; given only a micro-batch, accumulation keeps the global batch."""
     from autotune.records import Plan, parse_plan
 
-    start = Plan(micro_batch=per_rank, gpus_per_node=machine.gpus_per_node, nodes=machine.nodes)
+    start = Plan(micro_batch=per_rank, nproc_per_node=machine.nproc_per_node, nnodes=machine.nnodes)
     plan = parse_plan(text, start, "--baseline")
     if "ga=" not in text and "grad_accum" not in text and per_rank % plan.micro_batch == 0:
         plan = plan.with_changes(grad_accum=per_rank // plan.micro_batch)

@@ -157,7 +157,7 @@ def emit_deepspeed_config(
             :class:`~autotune.records.Recommendation` (its ``plan`` is used), or a plan string
             such as ``"stage=2,mb=4"``.
         world_size: data-parallel ranks the config is for; defaults to the plan's
-            ``gpus_per_node x nodes``. ``train_batch_size`` is micro-batch x
+            ``nproc_per_node x nodes``. ``train_batch_size`` is micro-batch x
             accumulation x this.
         base: a user's existing config. Its keys are kept; a value that contradicts
             the plan (stage, batch sizes, precision, offload) raises, never silently

@@ -163,7 +163,7 @@ def accelerate_fsdp_config(
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "FSDP",
         "mixed_precision": "bf16" if plan.precision in ("bf16", "amp_bf16") else "no",
-        "num_machines": plan.nodes,
+        "num_machines": plan.nnodes,
         "num_processes": world_size or plan.world_size,
         "machine_rank": 0,
         "use_cpu": False,

@@ -143,7 +143,7 @@ def plan_link(machine: Machine, plan: Plan) -> Link | None:
     it spans nodes, ``--intra-gbps`` inside one; no latency), else the measured sweep's, else
     ``None`` (time unknown)."""
     flag, gbps = (
-        ("--inter-gbps", machine.inter_gbps) if plan.nodes > 1 else ("--intra-gbps", machine.intra_gbps)
+        ("--inter-gbps", machine.inter_gbps) if plan.nnodes > 1 else ("--intra-gbps", machine.intra_gbps)
     )  # fmt: skip
     if gbps is not None:
         return Link(0.0, gbps * 1e9 / 8.0, f"given {flag}")

@@ -206,7 +206,7 @@ def cpu_core_share(facts: ModelFacts, plan: Plan) -> float:
     threads = facts.baseline.threads if facts.baseline else None
     if facts.device_type != "cpu" or not threads:
         return 1.0
-    return threads / max(1, threads // plan.gpus_per_node)
+    return threads / max(1, threads // plan.nproc_per_node)
 
 
 def steps_on_host(plan: Plan) -> bool:
@@ -229,7 +229,7 @@ def _host_optimizer_seconds(facts: ModelFacts, plan: Plan) -> tuple[float | None
             "the offloaded optimizer's step time needs a profile that probed the host's Adam rate",
         )
     partition = facts.trainable_parameters / plan.world_size
-    return cm.host_adam_seconds(partition, plan.gpus_per_node, rate), None
+    return cm.host_adam_seconds(partition, plan.nproc_per_node, rate), None
 
 
 def estimate_plan(
@@ -302,7 +302,7 @@ def estimate_plan(
     share = cpu_core_share(facts, plan)
     if share != 1.0 and time_source == "measured":
         notes.append(
-            f"on a CPU device the node's {plan.gpus_per_node} ranks share the cores the profile "
+            f"on a CPU device the node's {plan.nproc_per_node} ranks share the cores the profile "
             f"ran on: each rank's compute is taken as x{share:g} the profile's (linear in threads)"
         )
     if host_step[0] is not None and time_source == "measured":
@@ -317,7 +317,7 @@ def estimate_plan(
     if host:
         notes.append(
             f"offloaded states take {host / 2**30:.2f} GiB of host RAM per node "
-            f"({plan.gpus_per_node} ranks)"
+            f"({plan.nproc_per_node} ranks)"
             + ("" if machine.host_memory is None else f" of {machine.host_memory / 2**30:.2f} GiB")
         )
     device_fits = machine.fits(peak)
@@ -357,7 +357,7 @@ def host_bytes_per_node(facts: ModelFacts, plan: Plan) -> float:
     if facts.device_type == "cpu":
         return 0.0
     return (
-        plan.gpus_per_node
+        plan.nproc_per_node
         * host_bytes_per_rank(
             parameters=facts.parameters,
             trainable=facts.trainable_parameters,

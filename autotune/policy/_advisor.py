@@ -30,7 +30,7 @@ def suggest(
     machine: Machine | None = None,
     device_memory: int | str | None = None,
     world_size: int = 1,
-    gpus_per_node: int | None = None,
+    nproc_per_node: int | None = None,
     inter_gbps: float | None = None,
     margin: float = DEFAULT_MARGIN,
     global_batch: int | None = None,
@@ -52,7 +52,7 @@ def suggest(
         device_memory: per-device budget in bytes or with a unit ("80GiB"; default: the
             profiled device's, if known).
         world_size: data-parallel devices in all.
-        gpus_per_node: devices per node (default: all on one node).
+        nproc_per_node: devices per node (default: all on one node).
         inter_gbps: inter-node link bandwidth in Gbit/s (``None``: unknown).
         margin: share of the budget kept free when deciding what fits.
         global_batch: the target global batch (samples per optimizer step).
@@ -75,7 +75,7 @@ def suggest(
     if global_batch is not None and global_batch < 1:
         raise AutotuneError(f"--global-batch: {global_batch} must be at least 1")
     if machine is None:
-        machine = _machine(device_memory, world_size, gpus_per_node, inter_gbps, margin)
+        machine = _machine(device_memory, world_size, nproc_per_node, inter_gbps, margin)
     machine = machine.with_default_budget(profile)
     policy = load_policy(policy_path)
     if model is None:
@@ -101,7 +101,7 @@ def suggest(
         device_memory_bytes=machine.device_memory,
         budget_source=machine.budget_source,
         world_size=machine.world_size,
-        gpus_per_node=machine.gpus_per_node,
+        nproc_per_node=machine.nproc_per_node,
         inter_gbps=machine.inter_gbps,
         margin=machine.margin,
         global_batch=global_batch,
@@ -138,22 +138,22 @@ def policy_plan(profile: ProfileRecord, **options: Any) -> Plan:
 def _machine(
     device_memory: int | str | None,
     world_size: int,
-    gpus_per_node: int | None,
+    nproc_per_node: int | None,
     inter_gbps: float | None,
     margin: float,
 ) -> Machine:
     """The machine the keyword arguments describe (``world_size`` devices in all)."""
     if world_size < 1:
         raise AutotuneError(f"--world-size: {world_size} must be at least 1")
-    per_node = gpus_per_node or world_size
+    per_node = nproc_per_node or world_size
     if per_node < 1 or world_size % per_node:
         raise AutotuneError(
             f"--gpus-per-node: {per_node} does not divide --world-size {world_size}"
         )
     if isinstance(device_memory, str):
         device_memory = parse_bytes(device_memory, "device_memory")
-    return Machine(device_memory=device_memory, gpus_per_node=per_node,
-                   nodes=world_size // per_node, inter_gbps=inter_gbps, margin=margin)  # fmt: skip
+    return Machine(device_memory=device_memory, nproc_per_node=per_node,
+                   nnodes=world_size // per_node, inter_gbps=inter_gbps, margin=margin)  # fmt: skip
 
 
 def _steps(policy: Policy) -> list[list[Rule]]:

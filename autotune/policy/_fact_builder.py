@@ -30,8 +30,8 @@ def baseline_plan(profile: ProfileRecord, machine: Machine) -> Plan:
         micro_batch=profile.config.batch_size,
         checkpoint_blocks=stack.count if stack and profile.config.checkpointing else 0,
         attention=_ATTENTION.get(profile.model.attention or "", "default"),  # type: ignore[arg-type]
-        gpus_per_node=machine.gpus_per_node,
-        nodes=machine.nodes,
+        nproc_per_node=machine.nproc_per_node,
+        nnodes=machine.nnodes,
     )
 
 
@@ -56,8 +56,8 @@ def static_facts(
         "device_type": profile.config.device,
         "device_memory": machine.device_memory,
         "world_size": machine.world_size,
-        "nodes": machine.nodes,
-        "gpus_per_node": machine.gpus_per_node,
+        "nnodes": machine.nnodes,
+        "nproc_per_node": machine.nproc_per_node,
         "inter_gbps": machine.inter_gbps,
         "bf16_supported": caps.bf16_supported,
         "fp16_supported": caps.fp16_supported,

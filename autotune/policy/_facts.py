@@ -27,8 +27,8 @@ class Facts(Record):
     device_type: str
     device_memory: int | None = None
     world_size: int = 1
-    nodes: int = 1
-    gpus_per_node: int = 1
+    nnodes: int = 1
+    nproc_per_node: int = 1
     inter_gbps: float | None = None
     input_share: float | None = None
     bf16_supported: bool = False
@@ -104,8 +104,8 @@ FACT_KINDS: dict[str, FactKind] = {
     "device_type": "str",
     "device_memory": "bytes",
     "world_size": "count",
-    "nodes": "count",
-    "gpus_per_node": "count",
+    "nnodes": "count",
+    "nproc_per_node": "count",
     "inter_gbps": "gbps",
     "input_share": "share",
     "bf16_supported": "bool",

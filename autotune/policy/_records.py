@@ -88,7 +88,7 @@ class SuggestRecord(Record):
         "machine's available memory for a CPU profile",
     )
     world_size: int
-    gpus_per_node: int
+    nproc_per_node: int
     inter_gbps: float | None
     margin: float = Field(
         default=0.10, description="share of the budget kept free when deciding what fits"

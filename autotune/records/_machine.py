@@ -43,9 +43,9 @@ class Machine:
     margin: float = DEFAULT_MARGIN
     """Share of ``device_memory`` kept free: a plan fits when its peak is at most the rest
     (``--margin``)."""
-    gpus_per_node: int = 1
+    nproc_per_node: int = 1
     """Devices (ranks) on each node (``--nproc-per-node``)."""
-    nodes: int = 1
+    nnodes: int = 1
     """Nodes the devices spread over (``--nnodes``)."""
     intra_gbps: float | None = None
     """Link inside a node, Gbit/s (communication time); ``None``: unknown."""
@@ -70,7 +70,7 @@ class Machine:
             object.__setattr__(self, field, _size(getattr(self, field), named(field)))
         if not 0.0 <= self.margin <= 0.9:
             raise AutotuneError(f"{named('margin')}: {self.margin:g} is not a share in [0, 0.9]")
-        for field, flag in (("gpus_per_node", "--nproc-per-node"), ("nodes", "--nnodes")):
+        for field, flag in (("nproc_per_node", "--nproc-per-node"), ("nnodes", "--nnodes")):
             if getattr(self, field) < 1:
                 raise AutotuneError(
                     f"{named(field, flag)}: must be >= 1 (got {getattr(self, field)})"
@@ -83,7 +83,7 @@ class Machine:
     @property
     def world_size(self) -> int:
         """Devices in all."""
-        return self.gpus_per_node * self.nodes
+        return self.nproc_per_node * self.nnodes
 
     @property
     def usable(self) -> float | None:

@@ -177,8 +177,8 @@ class TuneOptions:
             AutotuneError: one line naming the flag.
         """
         if self.global_batch % machine.world_size:
-            ranks = f"{named('gpus_per_node', '--nproc-per-node')} {machine.gpus_per_node}" + (
-                f" x {named('nodes', '--nnodes')} {machine.nodes}" if machine.nodes != 1 else ""
+            ranks = f"{named('nproc_per_node', '--nproc-per-node')} {machine.nproc_per_node}" + (
+                f" x {named('nnodes', '--nnodes')} {machine.nnodes}" if machine.nnodes != 1 else ""
             )
             raise AutotuneError(
                 f"{named('global_batch')} {self.global_batch} does not split over {ranks}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -43,13 +43,22 @@ class Plan(Record):
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
-    gpus_per_node: int = Field(1, ge=1)
-    nodes: int = Field(1, ge=1)
+    nproc_per_node: int = Field(1, ge=1, description="ranks on each node, as torchrun counts them")
+    nnodes: int = Field(1, ge=1, description="nodes, as torchrun counts them")
     attention: Attention = "default"
     compile: bool = False
     dataloader_workers: int = Field(0, ge=0)
     pin_memory: bool = False
     engine: Engine = "deepspeed"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed(cls, data: Any) -> Any:
+        """A record written with an old spelling of the rank count is refused, naming the new."""
+        if isinstance(data, dict):
+            for old in RENAMED_RANK_KNOBS.keys() & data.keys():
+                raise ValueError(f"{old}: renamed to {RENAMED_RANK_KNOBS[old]}")
+        return data
 
     @model_validator(mode="after")
     def _check_offload(self) -> Plan:
@@ -69,7 +78,7 @@ class Plan(Record):
     @property
     def world_size(self) -> int:
         """Data-parallel devices in all."""
-        return self.gpus_per_node * self.nodes
+        return self.nproc_per_node * self.nnodes
 
     @property
     def global_batch(self) -> int:
@@ -145,16 +154,23 @@ _ALIASES = {
     "accum": "grad_accum",
     "ckpt": "checkpoint_blocks",
     "checkpoint": "checkpoint_blocks",
-    "gpus": "gpus_per_node",
     "workers": "dataloader_workers",
     "attn": "attention",
 }
+RENAMED_RANK_KNOBS = {
+    "gpus": "nproc_per_node",
+    "gpus_per_node": "nproc_per_node",
+    "nodes": "nnodes",
+    "world_size": "nproc_per_node and nnodes (world size = their product)",
+}
+"""Old spellings of the rank count, refused wherever a plan is read, with the one word for each:
+torchrun's ``--nproc-per-node`` and ``--nnodes``."""
 _SHORT = {value: key for key, value in _ALIASES.items() if key in ("stage", "mb", "ga", "ckpt")}
 
 
 _EXAMPLES = {"precision": "bf16", "checkpoint_blocks": "12", "micro_batch": "4", "grad_accum": "8",
              "zero_stage": "2", "offload_optimizer": "cpu", "offload_param": "cpu",
-             "gpus_per_node": "8", "nodes": "2", "attention": "sdpa", "compile": "true",
+             "nproc_per_node": "8", "nnodes": "2", "attention": "sdpa", "compile": "true",
              "dataloader_workers": "4", "pin_memory": "true", "engine": "fsdp2"}  # fmt: skip
 _SWITCH = {"1": True, "true": True, "yes": True, "on": True,
            "0": False, "false": False, "no": False, "off": False}  # fmt: skip
@@ -220,6 +236,8 @@ def _knobs(text: str, flag: str) -> dict[str, tuple[str, str]]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, raw = (part.strip() for part in item.partition("="))
         name = _ALIASES.get(key, key)
+        if key in RENAMED_RANK_KNOBS:
+            raise AutotuneError(f"{flag}: {key}: renamed to {RENAMED_RANK_KNOBS[key]}")
         if name not in Plan.model_fields:
             raise AutotuneError(f"{flag}: unknown knob {key!r} (known: {', '.join(known)})")
         if not sep or not raw:

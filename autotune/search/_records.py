@@ -158,8 +158,8 @@ class TuneRecord(_Record):
     study: str
     storage: str
     global_batch: int
-    nproc: int = Field(description="ranks per node of each trial")
-    nodes: int = Field(1, description="nodes of each trial")
+    nproc_per_node: int = Field(description="ranks per node of each trial")
+    nnodes: int = Field(1, description="nodes of each trial")
     device_memory: int | None
     margin: float | None = Field(
         None, description="share of device_memory the search kept free (None: not recorded)"

@@ -124,7 +124,7 @@ def check_command(command: Sequence[str], nproc: int) -> None:
         given = _flag(_launcher_flags(command), names)
         if given is not None and given != str(nproc):
             raise AutotuneError(
-                f"--nproc {nproc}: the command launches {given} per node ({names[0]} {given})"
+                f"--nproc-per-node {nproc}: the command launches {given} per node ({names[0]} {given})"
             )
 
 

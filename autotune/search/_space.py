@@ -46,7 +46,7 @@ class SearchSpace:
     blocks: int
     base: Plan
     precisions: tuple[str, ...]
-    nodes: int = 1
+    nnodes: int = 1
     engines: tuple[str, ...] = ("deepspeed",)
     """Who shards a ZeRO stage: ``deepspeed`` and, when asked, ``fsdp2`` (PyTorch's fully_shard)."""
 
@@ -58,7 +58,7 @@ class SearchSpace:
     @property
     def world(self) -> int:
         """Ranks of every plan: ranks per node times nodes."""
-        return self.nproc * self.nodes
+        return self.nproc * self.nnodes
 
     @property
     def micro_batches(self) -> list[int]:
@@ -91,8 +91,8 @@ class SearchSpace:
             "checkpoint_blocks": int(params.get("checkpoint_blocks", 0)),
             "zero_stage": stage,
             "precision": params.get("precision", self.precisions[0]),
-            "gpus_per_node": self.nproc,
-            "nodes": self.nodes,
+            "nproc_per_node": self.nproc,
+            "nnodes": self.nnodes,
         }
         # Offload only exists where its stage does; otherwise the policy's choice lapses.
         if stage == 0:
@@ -146,13 +146,13 @@ def make_space(
     blocks: int,
     policy: Plan | None,
     baseline: Plan | None,
-    nodes: int = 1,
+    nnodes: int = 1,
     engines: tuple[str, ...] = ("deepspeed",),
 ) -> SearchSpace:
     """Build the space, checking the global batch splits over the ranks.
 
     Raises:
-        AutotuneError: naming ``--global-batch``, ``--nproc``, ``--nnodes`` or ``--engines``.
+        AutotuneError: naming ``--global-batch``, ``--nproc-per-node``, ``--nnodes`` or ``--engines``.
     """
     unknown = [name for name in engines if name not in ("deepspeed", "fsdp2")]
     if unknown or not engines:
@@ -160,11 +160,11 @@ def make_space(
     if global_batch < 1:
         raise AutotuneError(f"--global-batch: must be at least 1, got {global_batch}")
     if nproc < 1:
-        raise AutotuneError(f"--nproc: must be at least 1, got {nproc}")
-    if nodes < 1:
-        raise AutotuneError(f"--nnodes: must be at least 1, got {nodes}")
-    if global_batch % (nproc * nodes):
-        ranks = f"--nproc {nproc}" + (f" x --nnodes {nodes}" if nodes > 1 else "")
+        raise AutotuneError(f"--nproc-per-node: must be at least 1, got {nproc}")
+    if nnodes < 1:
+        raise AutotuneError(f"--nnodes: must be at least 1, got {nnodes}")
+    if global_batch % (nproc * nnodes):
+        ranks = f"--nproc-per-node {nproc}" + (f" x --nnodes {nnodes}" if nnodes > 1 else "")
         raise AutotuneError(f"--global-batch {global_batch} does not split over {ranks}")
     base = policy or Plan()
     # Without --baseline, tune() measures the user's plan as Plan() has it (fp32): the study
@@ -172,7 +172,7 @@ def make_space(
     users = (baseline or Plan()).precision
     precisions = [base.precision] + ([users] if users != base.precision else [])
     return SearchSpace(
-        global_batch, nproc, max(blocks, 0), base, tuple(precisions), nodes, tuple(engines)
+        global_batch, nproc, max(blocks, 0), base, tuple(precisions), nnodes, tuple(engines)
     )
 
 

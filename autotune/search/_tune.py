@@ -253,11 +253,11 @@ def tune(
     """
     began = time.monotonic()
     options.check_machine(machine)
-    space = make_space(options.global_batch, machine.gpus_per_node, blocks, policy,
-                       options.baseline, machine.nodes, options.engines)  # fmt: skip
+    space = make_space(options.global_batch, machine.nproc_per_node, blocks, policy,
+                       options.baseline, machine.nnodes, options.engines)  # fmt: skip
     per_rank = options.global_batch // space.world
     base_plan = options.baseline or Plan(
-        micro_batch=per_rank, gpus_per_node=machine.gpus_per_node, nodes=machine.nodes
+        micro_batch=per_rank, nproc_per_node=machine.nproc_per_node, nnodes=machine.nnodes
     )
     name = options.study_name or "autotune"
     study = _study.open_study(options.storage, name, options.seed, options.heartbeat_s)
@@ -288,7 +288,7 @@ def tune(
     tokens = any(r.tokens_per_s is not None for r in ranked)
     return TuneRecord(
         model_file=model_file, study=name, storage=_study.shown_storage(options.storage),
-        global_batch=options.global_batch, nproc=machine.gpus_per_node, nodes=machine.nodes,
+        global_batch=options.global_batch, nproc_per_node=machine.nproc_per_node, nnodes=machine.nnodes,
         device_memory=settings.device_memory, margin=machine.margin,
         objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
         comparison=comparison, recommendation=rec, notes=notes, wall_time=wall,

@@ -27,7 +27,7 @@ def test_plan_to_file_with_a_summary_and_code_changes(tmp_path: Path) -> None:
 
 
 def test_recommendation_file_and_json_output(tmp_path: Path) -> None:
-    plan = parse_plan("stage=3,mb=2,precision=bf16,gpus=2")
+    plan = parse_plan("stage=3,mb=2,precision=bf16,nproc_per_node=2")
     source = write_record(tmp_path / "rec.json", Recommendation(
         source="tune", plan=plan, code_changes=code_changes_for(plan)))  # fmt: skip
     result = runner.invoke(app, ["config", str(source), "--json"])

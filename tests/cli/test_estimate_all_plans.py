@@ -36,7 +36,7 @@ def _rows(text: str) -> list[list[str]]:
 def _plan(cell: str) -> Plan:
     """The plan column read back with the library's parser (precision first, then knobs)."""
     precision, *knobs = cell.split()
-    return parse_plan(",".join([f"precision={precision}", *knobs]), Plan(gpus_per_node=8))
+    return parse_plan(",".join([f"precision={precision}", *knobs]), Plan(nproc_per_node=8))
 
 
 def _speed(estimate: dict[str, Any], reference: dict[str, Any]) -> float | None:
@@ -47,7 +47,7 @@ def _speed(estimate: dict[str, Any], reference: dict[str, Any]) -> float | None:
     plan = estimate["plan"]
 
     def samples(p: dict[str, Any]) -> int:
-        return p["micro_batch"] * p["grad_accum"] * p["gpus_per_node"] * p["nodes"]
+        return p["micro_batch"] * p["grad_accum"] * p["nproc_per_node"] * p["nnodes"]
 
     return samples(plan) / samples(reference) / float(ratio)
 
@@ -141,7 +141,7 @@ def test_without_a_budget_no_plan_over_the_default_device_is_marked_best(
     assert record["budget_source"] == "available_ram"
     assert abs(record["device_memory_bytes"] - available) < 0.2 * available
     for row in starred:
-        estimate = by_plan[_plan(row[1]).with_changes(nodes=4)]
+        estimate = by_plan[_plan(row[1]).with_changes(nnodes=4)]
         assert estimate["memory"]["peak"] <= record["device_memory_bytes"] * (1 - record["margin"])
     fp32_plain = next(e for p, e in by_plan.items() if p.precision == "fp32" and p.zero_stage == 0
                       and p.micro_batch == 1 and p.checkpoint_blocks == 0)  # fmt: skip

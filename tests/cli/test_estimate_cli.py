@@ -55,7 +55,7 @@ def test_plans_table_and_claim_check(profile_json: Path) -> None:
             "--device-memory",
             "1GB",
             "--check",
-            "stage=3,world_size=8,memory=1MB",
+            "stage=3,nproc_per_node=8,memory=1MB",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -81,7 +81,7 @@ def test_all_plans_for_several_devices(profile_json: Path) -> None:
     assert result.exit_code == 0, result.output
     plans = json.loads(result.stdout)["plans"]
     assert {p["plan"]["zero_stage"] for p in plans} == {0, 1, 2, 3}
-    assert all(p["plan"]["gpus_per_node"] == 4 for p in plans)
+    assert all(p["plan"]["nproc_per_node"] == 4 for p in plans)
 
 
 @pytest.mark.parametrize(
@@ -143,7 +143,7 @@ def test_llama_7b_config_on_four_devices() -> None:
             "--plan",
             "precision=bf16,stage=2",
             "--check",
-            "precision=bf16,stage=2,world_size=4,memory=17.2GB",
+            "precision=bf16,stage=2,nproc_per_node=4,memory=17.2GB",
             "--json",
         ],
     )

@@ -42,7 +42,7 @@ def test_estimate_table_through_a_pipe_shows_every_figure_whole(tmp_path: Path) 
         cells = [cell.strip() for cell in row.strip("│").split("│")]
         precision, *knobs = cells[1].split()
         text = ",".join([f"precision={precision}", *knobs])
-        plan = by_plan.pop(parse_plan(text, Plan(gpus_per_node=8, nodes=4)))
+        plan = by_plan.pop(parse_plan(text, Plan(nproc_per_node=8, nnodes=4)))
         memory = plan["memory"]
         # The table is in GiB here (the largest peak is over 1 GiB), two decimals.
         assert cells[6] == f"{memory['peak'] / 2**30:.2f}"
@@ -65,7 +65,7 @@ def test_tune_table_keeps_figures_whole_and_wraps_text(capsys: pytest.CaptureFix
                           prediction_source="measured", reason=reason)
               for n in range(3)]  # fmt: skip
     record = TuneRecord(model_file="m.py", study="s", storage="sqlite:///s.db", global_batch=64,
-                        nproc=1, device_memory=None, objective="tokens_per_s", trials=trials)  # fmt: skip
+                        nproc_per_node=1, device_memory=None, objective="tokens_per_s", trials=trials)  # fmt: skip
     render(record, [])
     text = capsys.readouterr().out
     assert "…" not in text

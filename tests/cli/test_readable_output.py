@@ -56,7 +56,7 @@ def test_suggest_restates_the_budget_and_speaks_in_words(tmp_path: Path) -> None
 
 
 def test_config_to_stdout_keeps_the_world_size_and_the_code_changes() -> None:
-    plan = "stage=2,mb=4,ga=8,ckpt=2,gpus=2"
+    plan = "stage=2,mb=4,ga=8,ckpt=2,nproc_per_node=2"
     shown = runner.invoke(app, ["config", "--plan", plan])
     assert shown.exit_code == 0, shown.output
     config = json.loads(shown.stdout)  # stdout is the JSON alone

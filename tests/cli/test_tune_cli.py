@@ -19,8 +19,8 @@ from autotune.cli import app
     [
         (["missing.py", "--global-batch", "4"], "missing.py: no such model file"),
         (
-            ["{model}", "--global-batch", "3", "--nproc", "2"],
-            "global_batch (--global-batch) 3 does not split over gpus_per_node (--nproc-per-node) 2",
+            ["{model}", "--global-batch", "3", "--nproc-per-node", "2"],
+            "global_batch (--global-batch) 3 does not split over nproc_per_node (--nproc-per-node) 2",
         ),
         (
             ["{model}", "--global-batch", "4", "--out-dir", "{model}/runs"],

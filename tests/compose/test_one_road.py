@@ -100,8 +100,8 @@ def test_every_road_gives_one_figure_per_plan(name: str, tmp_path: Path) -> None
     traced = _estimate(str(model), "--batch-size", str(BATCH), *flags)
     assert len(profiled) == len(texts) >= 12
 
-    machine = Machine(device="cpu", device_memory=48 * 2**30, gpus_per_node=RANKS)
-    base = Plan(micro_batch=BATCH, gpus_per_node=RANKS)
+    machine = Machine(device="cpu", device_memory=48 * 2**30, nproc_per_node=RANKS)
+    base = Plan(micro_batch=BATCH, nproc_per_node=RANKS)
     builder = FactBuilder(record, _facts_of(record), machine.with_default_budget(record))
     worst = 0.0
     for text in texts:
@@ -123,7 +123,7 @@ def test_every_road_gives_one_figure_per_plan(name: str, tmp_path: Path) -> None
             ]["peak"]
         ), item.rule
 
-    rec = recommend(model, global_batch=8, world_size=RANKS, profile=saved, device="cpu",
+    rec = recommend(model, global_batch=8, nproc_per_node=RANKS, profile=saved, device="cpu",
                     device_memory=BUDGET)  # fmt: skip
     assert (
         rec.predicted_peak_bytes

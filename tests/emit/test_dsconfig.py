@@ -99,7 +99,7 @@ def test_plan_keys(knobs: str, world: int, expected: dict[str, Any]) -> None:
 
 
 def test_world_size_defaults_to_the_plans_devices() -> None:
-    plan = parse_plan("mb=2,ga=3,gpus=4,nodes=2")
+    plan = parse_plan("mb=2,ga=3,nproc_per_node=4,nnodes=2")
     assert deepspeed_config(plan)["train_batch_size"] == 2 * 3 * 8
     assert deepspeed_config(plan, world_size=2)["train_batch_size"] == 2 * 3 * 2
 
@@ -313,7 +313,7 @@ def _every_plan() -> list[Plan]:
                 offload_param=param,
                 micro_batch=2,
                 grad_accum=3,
-                gpus_per_node=4,
+                nproc_per_node=4,
             )
         )
     return plans
@@ -362,7 +362,7 @@ import json, sys
 {block}
 from autotune import deepspeed_config, parse_plan
 from autotune.runtime.ds_validate import validate_with_deepspeed
-config = deepspeed_config(parse_plan("stage=2,mb=2,gpus=2"))
+config = deepspeed_config(parse_plan("stage=2,mb=2,nproc_per_node=2"))
 print(json.dumps({{"config": config, "validated": validate_with_deepspeed(config, world_size=2)}}))
 """
 

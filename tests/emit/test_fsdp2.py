@@ -19,9 +19,9 @@ from autotune.emit import (
 from autotune.records import AutotuneError, parse_plan
 
 PLANS = [
-    "engine=fsdp2,stage=3,precision=bf16,gpus=4",
-    "engine=fsdp2,stage=2,precision=fp32,gpus=2,ga=4",
-    "engine=fsdp2,stage=3,precision=amp_bf16,offload_param=cpu,gpus=8,nodes=2,ckpt=4",
+    "engine=fsdp2,stage=3,precision=bf16,nproc_per_node=4",
+    "engine=fsdp2,stage=2,precision=fp32,nproc_per_node=2,ga=4",
+    "engine=fsdp2,stage=3,precision=amp_bf16,offload_param=cpu,nproc_per_node=8,nnodes=2,ckpt=4",
 ]
 
 
@@ -49,7 +49,7 @@ def test_accelerate_reads_the_config_file(text: str, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(config))
     loaded = load_config_from_file(str(path))
     assert loaded.distributed_type == "FSDP"
-    assert loaded.num_processes == plan.world_size and loaded.num_machines == plan.nodes
+    assert loaded.num_processes == plan.world_size and loaded.num_machines == plan.nnodes
     plugin: object = _plugin_from_launch(path)
     assert plugin.fsdp_version == 2
     assert plugin.reshard_after_forward is (plan.zero_stage == 3)
@@ -131,10 +131,10 @@ def test_the_engine_round_trips_through_describe() -> None:
 
 TWO_RANK = Path(__file__).with_name("_fsdp2_two_rank.py")
 RUN_PLANS = {  # K of the 4 blocks of tests/_models.py's residual MLP
-    "engine=fsdp2,stage=3,ckpt=2,gpus=2": 2,
-    "engine=fsdp2,stage=2,precision=bf16,ckpt=4,gpus=2": 4,
-    "engine=fsdp2,stage=3,offload_param=cpu,ckpt=1,gpus=2": 1,
-    "engine=fsdp2,stage=3,gpus=2": 0,
+    "engine=fsdp2,stage=3,ckpt=2,nproc_per_node=2": 2,
+    "engine=fsdp2,stage=2,precision=bf16,ckpt=4,nproc_per_node=2": 4,
+    "engine=fsdp2,stage=3,offload_param=cpu,ckpt=1,nproc_per_node=2": 1,
+    "engine=fsdp2,stage=3,nproc_per_node=2": 0,
 }
 
 
@@ -246,9 +246,9 @@ def test_tunes_fsdp2_yaml_wraps_the_models_block_class_and_checkpoints_only_when
     from autotune.records import BlockStack, Recommendation
     from autotune.search import TuneRecord
 
-    plan = parse_plan(f"engine=fsdp2,stage=3,ckpt={k},gpus=2")
+    plan = parse_plan(f"engine=fsdp2,stage=3,ckpt={k},nproc_per_node=2")
     record = TuneRecord(
-        model_file="m.py", study="s", storage="sqlite:///s.db", global_batch=8, nproc=2,
+        model_file="m.py", study="s", storage="sqlite:///s.db", global_batch=8, nproc_per_node=2,
         device_memory=None, objective="tokens_per_s", trials=[],
         recommendation=Recommendation(source="tune", plan=plan),
         block_stack=BlockStack(path="model.layers", count=12, block_class="LlamaDecoderLayer"),

@@ -175,8 +175,8 @@ def test_the_trainer_accepts_the_plans_config_and_keeps_its_precision(
 
 
 def test_recommend_rejects_a_batch_that_does_not_split() -> None:
-    with pytest.raises(AutotuneError, match="multiple of world_size 4"):
-        autotune.recommend("model.py", global_batch=6, world_size=4)
+    with pytest.raises(AutotuneError, match="multiple of nproc_per_node x nnodes = 4"):
+        autotune.recommend("model.py", global_batch=6, nproc_per_node=4)
 
 
 @pytest.mark.slow

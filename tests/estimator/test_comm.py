@@ -33,13 +33,13 @@ def _volume(knobs: str, keep_elements: int = 10**9) -> dict[str, float]:
 @pytest.mark.parametrize(
     ("knobs", "volume"),
     [
-        ("stage=0,gpus=2,ga=2", {"all_reduce": 1}),
-        ("stage=1,gpus=2,ga=2", {"all_reduce": 1, "all_gather": 1}),
-        ("stage=2,gpus=2,ga=2", {"all_reduce": 2, "all_gather": 1}),
-        ("stage=3,gpus=2,ga=2", {"all_gather": 2, "reduce_scatter": 2}),
-        ("engine=fsdp2,stage=3,gpus=2,ga=2", {"all_gather": 4, "reduce_scatter": 2}),
-        ("engine=fsdp2,stage=2,gpus=2", {"all_gather": 1, "reduce_scatter": 1}),
-        ("stage=3,gpus=1", {}),
+        ("stage=0,nproc_per_node=2,ga=2", {"all_reduce": 1}),
+        ("stage=1,nproc_per_node=2,ga=2", {"all_reduce": 1, "all_gather": 1}),
+        ("stage=2,nproc_per_node=2,ga=2", {"all_reduce": 2, "all_gather": 1}),
+        ("stage=3,nproc_per_node=2,ga=2", {"all_gather": 2, "reduce_scatter": 2}),
+        ("engine=fsdp2,stage=3,nproc_per_node=2,ga=2", {"all_gather": 4, "reduce_scatter": 2}),
+        ("engine=fsdp2,stage=2,nproc_per_node=2", {"all_gather": 1, "reduce_scatter": 1}),
+        ("stage=3,nproc_per_node=1", {}),
     ],
 )
 def test_collectives_per_step(knobs: str, volume: dict[str, float]) -> None:
@@ -47,13 +47,13 @@ def test_collectives_per_step(knobs: str, volume: dict[str, float]) -> None:
 
 
 def test_zero3_gathers_again_in_backward_what_it_releases() -> None:
-    assert _volume("stage=3,gpus=2", keep_elements=0) == {"all_gather": 2, "reduce_scatter": 1}
+    assert _volume("stage=3,nproc_per_node=2", keep_elements=0) == {"all_gather": 2, "reduce_scatter": 1}
     assert regathered_share(400e6, 10**9) == 0.0
     assert regathered_share(7e9, 10**9) == pytest.approx(1 - 1 / 14)
 
 
 def test_time_is_latency_per_call_plus_bus_bytes_per_collective() -> None:
-    plan = parse_plan("stage=2,gpus=4")
+    plan = parse_plan("stage=2,nproc_per_node=4")
     calls = step_calls(plan, PSI)
     # all-reduce: 2 (n-1)/n; all-gather (n-1)/n; fp32
     assert bus_bytes(calls, 4, 4) == pytest.approx((1.5 + 0.75) * PSI * 4)
@@ -86,7 +86,7 @@ def test_the_fit_recovers_latency_and_bus_bandwidth() -> None:
 
 def test_a_given_speed_overrides_the_measured_link_and_the_note_names_the_source() -> None:
     measure = link_measure(_points(5e-4, 6e7, 6e7), 2, "gloo")
-    plan = parse_plan("stage=2,gpus=1,nodes=2")
+    plan = parse_plan("stage=2,nproc_per_node=1,nnodes=2")
     link = plan_link(Machine(link=measure), plan)
     assert link is not None and link.source.startswith("measured link sweep")
     given = plan_link(Machine(link=measure, inter_gbps=10.0), plan)

@@ -78,7 +78,7 @@ def test_a_zero2_plan_peaks_at_the_reduction_of_deepspeeds_buckets() -> None:
 
     facts = facts_from_profile(make_profile())  # fp32 torch profile peaking in backward
     # at micro-batch 2 the activations (about 2 MB) are below the flattened copy (4 MB)
-    est = estimate_plan(facts, Plan(zero_stage=2, micro_batch=2, gpus_per_node=2)).memory
+    est = estimate_plan(facts, Plan(zero_stage=2, micro_batch=2, nproc_per_node=2)).memory
     bucket = 4 * bucket_elements(P)  # fp32 buckets sized to the model
     assert bucket == 4_000_000
     # By hand from deepspeed 0.19's stage_1_and_2.py at the end of backward: the flat fp32
@@ -109,7 +109,7 @@ def test_zero_temporaries_in_backward_and_at_the_optimizer_step(
     from autotune.estimator import moments
 
     facts = facts_from_profile(make_profile())
-    live, _, _ = moments(facts, Plan(zero_stage=stage, micro_batch=4, gpus_per_node=2))
+    live, _, _ = moments(facts, Plan(zero_stage=stage, micro_batch=4, nproc_per_node=2))
     assert live["optimizer"]["temporaries"] == at_step
     assert live["backward"]["temporaries"] == backward
 
@@ -170,7 +170,7 @@ def test_fits_against_a_budget_with_the_margin() -> None:
 
 def test_communication_per_step_for_zero_stages() -> None:
     facts = facts_from_profile(make_profile())
-    plan = Plan(micro_batch=4, zero_stage=3, gpus_per_node=8, grad_accum=2, precision="bf16")
+    plan = Plan(micro_batch=4, zero_stage=3, nproc_per_node=8, grad_accum=2, precision="bf16")
     result = estimate_plan(facts, plan, machine=Machine(intra_gbps=800.0))
     # ZeRO-3 under 500M parameters: one all-gather and one reduce-scatter per micro-batch, each
     # rank sending 7/8 of each (autotune.estimator._comm); bf16, 2 micro-batches
@@ -201,7 +201,7 @@ def traced_facts() -> ModelFacts:
 
 def test_estimate_record_with_claim_and_train_days() -> None:
     facts = traced_facts()
-    plans = [Plan(precision="bf16", zero_stage=stage, gpus_per_node=4) for stage in (0, 2, 3)]
+    plans = [Plan(precision="bf16", zero_stage=stage, nproc_per_node=4) for stage in (0, 2, 3)]
     record = estimate(
         facts,
         plans,
@@ -231,7 +231,7 @@ def test_estimate_record_with_claim_and_train_days() -> None:
 
 def test_claim_above_the_floor_is_possible() -> None:
     facts = traced_facts()
-    plan = Plan(precision="bf16", zero_stage=3, gpus_per_node=8)
+    plan = Plan(precision="bf16", zero_stage=3, nproc_per_node=8)
     record = estimate(facts, [plan], claims=[Claim(plan, memory_bytes=15 * 10**9)])
     (check,) = record.checks
     assert check.possible and check.memory is not None
@@ -240,7 +240,7 @@ def test_claim_above_the_floor_is_possible() -> None:
 
 def test_plan_grid_keeps_samples_per_device_and_covers_the_knobs() -> None:
     facts = traced_facts()
-    grid = plan_grid(facts, Plan(micro_batch=8, gpus_per_node=2))
+    grid = plan_grid(facts, Plan(micro_batch=8, nproc_per_node=2))
     assert {p.micro_batch * p.grad_accum for p in grid} == {8}
     assert {p.zero_stage for p in grid} == {0, 1, 2, 3}
     assert {p.checkpoint_blocks for p in grid} == {0, 2, 4}
@@ -341,7 +341,7 @@ def test_offload_frees_nothing_on_a_cpu_device() -> None:
     # optimizer stays in the peak, exactly as without offload.
     facts = facts_from_profile(make_profile())
     assert facts.device_type == "cpu"
-    plan = Plan(zero_stage=2, gpus_per_node=2, micro_batch=4)
+    plan = Plan(zero_stage=2, nproc_per_node=2, micro_batch=4)
     kept = estimate_plan(facts, plan).memory
     offloaded = estimate_plan(facts, plan.with_changes(offload_optimizer="cpu")).memory
     assert offloaded.peak == kept.peak
@@ -352,8 +352,8 @@ def test_offload_frees_nothing_on_a_cpu_device() -> None:
 
 def test_the_link_between_nodes_times_communication_only_for_plans_over_nodes() -> None:
     facts = facts_from_profile(make_profile())
-    over_nodes = Plan(micro_batch=4, zero_stage=2, gpus_per_node=1, nodes=2)
-    one_node = Plan(micro_batch=4, zero_stage=2, gpus_per_node=2)
+    over_nodes = Plan(micro_batch=4, zero_stage=2, nproc_per_node=1, nnodes=2)
+    one_node = Plan(micro_batch=4, zero_stage=2, nproc_per_node=2)
     slow = estimate_plan(facts, over_nodes, machine=Machine(inter_gbps=10.0, intra_gbps=1000.0))
     fast = estimate_plan(facts, over_nodes, machine=Machine(inter_gbps=100.0, intra_gbps=1000.0))
     assert slow.communication_bytes_per_step == fast.communication_bytes_per_step > 0
@@ -373,7 +373,7 @@ def test_zero3_parts_and_peak_come_from_one_accounting(precision: str) -> None:
     from autotune.estimator._zero import bucket_elements, zero3_bytes
 
     facts = traced_facts()
-    plan = Plan(precision=precision, zero_stage=3, gpus_per_node=4, micro_batch=2)
+    plan = Plan(precision=precision, zero_stage=3, nproc_per_node=4, micro_batch=2)
     est = estimate_plan(facts, plan)
     engine, parts = zero3_bytes(
         parameters=facts.parameters, trainable=facts.trainable_parameters, precision=precision,
@@ -407,7 +407,7 @@ def test_the_gloo_overlap_mode_is_stated_beside_zero_1_2_figures_on_cpu() -> Non
     facts = facts_from_profile(cpu)
 
     def overlap_notes(stage: int, ranks: int, on: ModelFacts = facts) -> list[str]:
-        plan = Plan(zero_stage=stage, gpus_per_node=ranks)
+        plan = Plan(zero_stage=stage, nproc_per_node=ranks)
         return [n for n in estimate_plan(on, plan).notes if "gloo" in n]
 
     for stage in (1, 2):
@@ -433,8 +433,8 @@ def test_cpu_ranks_share_the_cores_the_profile_ran_on(
                        largest_layer_parameters=1000, device_type="cpu", baseline=base,
                        activations={"fp32": ActivationSpec(fixed=0.0, per_sample=1.0,
                                                            source="measured")})  # fmt: skip
-    est = estimate_plan(facts, Plan(micro_batch=1, gpus_per_node=ranks))
+    est = estimate_plan(facts, Plan(micro_batch=1, nproc_per_node=ranks))
     assert est.predicted_step_seconds == pytest.approx(0.05 + (0.3 + 0.6 + 0.08) * share)
     on_gpu = estimate_plan(facts.model_copy(update={"device_type": "cuda"}),
-                           Plan(micro_batch=1, gpus_per_node=ranks))  # fmt: skip
+                           Plan(micro_batch=1, nproc_per_node=ranks))  # fmt: skip
     assert on_gpu.predicted_step_seconds == pytest.approx(0.05 + 0.3 + 0.6 + 0.08)

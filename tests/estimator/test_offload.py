@@ -42,7 +42,7 @@ def test_zero2_states_lie_between_the_bare_states_and_deepspeeds_estimator(
         psi, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=offload,
         additional_buffer_factor=1.5,
     )  # fmt: skip
-    text = f"precision=bf16,stage=2,gpus={per_node},nodes={nodes}" + (
+    text = f"precision=bf16,stage=2,nproc_per_node={per_node},nnodes={nodes}" + (
         ",offload_optimizer=cpu" if offload else ""
     )
     facts = _facts(psi, largest)
@@ -74,7 +74,7 @@ def test_zero3_offload_host_ram_lies_between_the_bare_states_and_deepspeeds_esti
         psi, largest, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=True,
         cpu_offload_params=params, zero_init=True, additional_buffer_factor=1.5,
     )  # fmt: skip
-    text = f"precision=bf16,stage=3,gpus={per_node},nodes={nodes},offload_optimizer=cpu" + (
+    text = f"precision=bf16,stage=3,nproc_per_node={per_node},nnodes={nodes},offload_optimizer=cpu" + (
         ",offload_param=cpu" if params else ""
     )
     host = host_bytes_per_node(_facts(psi, largest), parse_plan(text))
@@ -85,7 +85,7 @@ def test_zero3_offload_host_ram_lies_between_the_bare_states_and_deepspeeds_esti
 def test_a_plan_fits_only_where_the_host_side_fits_too() -> None:
     psi, largest = MODELS["13B"]
     facts = _facts(psi, largest)
-    plan = parse_plan("precision=bf16,stage=3,gpus=8,offload_optimizer=cpu")
+    plan = parse_plan("precision=bf16,stage=3,nproc_per_node=8,offload_optimizer=cpu")
     host = host_bytes_per_node(facts, plan)
     # master 4 + moments 8 + fp32 gradients 4 + the reduced bf16 gradients 2, per parameter
     assert host == pytest.approx(8 * 18 * psi / 8)
@@ -99,7 +99,7 @@ def test_a_plan_fits_only_where_the_host_side_fits_too() -> None:
 def test_nothing_is_offloaded_where_the_host_is_the_device() -> None:
     psi, largest = MODELS["7B"]
     facts = _facts(psi, largest).model_copy(update={"device_type": "cpu"})
-    assert host_bytes_per_node(facts, parse_plan("stage=3,gpus=8,offload_optimizer=cpu")) == 0
+    assert host_bytes_per_node(facts, parse_plan("stage=3,nproc_per_node=8,offload_optimizer=cpu")) == 0
 
 
 def _timed_facts(host_adam_per_s: float | None) -> ModelFacts:
@@ -122,11 +122,11 @@ def test_an_offloaded_step_costs_the_host_adam_step_and_the_transfer() -> None:
     elements on one CPU at its probed rate, plus the host link's traffic."""
     psi = MODELS["13B"][0]
     rate, pcie = 2e9, 200.0
-    machine = Machine(gpus_per_node=8, pcie_gbps=pcie)
-    on_device = estimate_plan(_timed_facts(rate), parse_plan("stage=3,mb=1,gpus=8"),
+    machine = Machine(nproc_per_node=8, pcie_gbps=pcie)
+    on_device = estimate_plan(_timed_facts(rate), parse_plan("stage=3,mb=1,nproc_per_node=8"),
                               machine=machine)  # fmt: skip
     offloaded = estimate_plan(_timed_facts(rate),
-                              parse_plan("stage=3,mb=1,gpus=8,offload_optimizer=cpu"),
+                              parse_plan("stage=3,mb=1,nproc_per_node=8,offload_optimizer=cpu"),
                               machine=machine)  # fmt: skip
     assert on_device.predicted_step_seconds and offloaded.predicted_step_seconds
     # fp32 gradients down and fp32 weights back, psi / 8 each per rank, over 200 Gbit/s
@@ -138,7 +138,7 @@ def test_an_offloaded_step_costs_the_host_adam_step_and_the_transfer() -> None:
 
 
 def test_without_a_probed_host_rate_an_offloaded_step_time_is_not_guessed() -> None:
-    plan = parse_plan("stage=3,mb=1,gpus=8,offload_optimizer=cpu")
-    estimate = estimate_plan(_timed_facts(None), plan, machine=Machine(gpus_per_node=8))
+    plan = parse_plan("stage=3,mb=1,nproc_per_node=8,offload_optimizer=cpu")
+    estimate = estimate_plan(_timed_facts(None), plan, machine=Machine(nproc_per_node=8))
     assert estimate.predicted_step_seconds is None and estimate.predicted_step_time_ratio is None
     assert any("host's Adam rate" in note for note in estimate.notes)

@@ -44,7 +44,7 @@ PARAMS = [case[1:] for case in CASES]
 
 def _samples(plan: Plan) -> int:
     """The plan's global batch, from its fields (not its own ``global_batch``)."""
-    return plan.micro_batch * plan.grad_accum * plan.gpus_per_node * plan.nodes
+    return plan.micro_batch * plan.grad_accum * plan.nproc_per_node * plan.nnodes
 
 
 def _check(record: SuggestRecord, target: int, ranks: int, exit_code: int | None) -> None:
@@ -147,10 +147,10 @@ def test_bad_input_still_exits_2(tmp_path: Path) -> None:
     ("target", "plan", "per_rank"),
     [
         (None, Plan(micro_batch=4, grad_accum=3), 12),
-        (12, Plan(micro_batch=4, gpus_per_node=4), 3),
-        (3, Plan(micro_batch=4, gpus_per_node=2), 2),  # 1.5 rounds half up
-        (5, Plan(micro_batch=4, gpus_per_node=4), 1),
-        (1, Plan(micro_batch=4, gpus_per_node=4), 1),  # at least one per rank
+        (12, Plan(micro_batch=4, nproc_per_node=4), 3),
+        (3, Plan(micro_batch=4, nproc_per_node=2), 2),  # 1.5 rounds half up
+        (5, Plan(micro_batch=4, nproc_per_node=4), 1),
+        (1, Plan(micro_batch=4, nproc_per_node=4), 1),  # at least one per rank
     ],
 )
 def test_per_rank_batch(target: int | None, plan: Plan, per_rank: int) -> None:

@@ -25,7 +25,7 @@ def _profile():  # noqa: ANN202 - a ProfileRecord
 
 
 def test_offload_comes_last_with_its_host_ram_and_transfer() -> None:
-    machine = Machine(device_memory=24 * GiB, gpus_per_node=8, host_memory=512 * GiB,
+    machine = Machine(device_memory=24 * GiB, nproc_per_node=8, host_memory=512 * GiB,
                       pcie_gbps=200.0)  # fmt: skip
     record = suggest(_profile(), machine=machine, global_batch=64)
     rules = [item.rule for item in record.suggestions]
@@ -47,7 +47,7 @@ def test_offload_comes_last_with_its_host_ram_and_transfer() -> None:
 
 
 def test_without_host_room_the_offload_plan_does_not_fit(tmp_path: Path) -> None:
-    machine = Machine(device_memory=24 * GiB, gpus_per_node=8, host_memory=64 * GiB)
+    machine = Machine(device_memory=24 * GiB, nproc_per_node=8, host_memory=64 * GiB)
     record = suggest(_profile(), machine=machine, global_batch=64)
     offloaded = [i for i in record.suggestions if i.rule == "offload_optimizer"]
     assert offloaded and offloaded[0].predicted.host_fits_after is False

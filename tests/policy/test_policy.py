@@ -143,7 +143,7 @@ def test_clause_over_unknown_fact_is_false(
 
 
 def test_plan_knobs_are_facts() -> None:
-    facts = Facts(plan=Plan(zero_stage=2, gpus_per_node=2), device_type="cuda")
+    facts = Facts(plan=Plan(zero_stage=2, nproc_per_node=2), device_type="cuda")
     assert parse_clause(["zero_stage", "==", 2]).holds(facts)
     assert not parse_clause(["precision", "!=", "fp32"]).holds(facts)
 

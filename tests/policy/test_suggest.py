@@ -82,7 +82,7 @@ CASES = [
     (
         "slow_inter_node_link",
         {**SLOW_BF16_CPU, **BIG},
-        {"device_memory": 80 * GB, "world_size": 16, "gpus_per_node": 8, "inter_gbps": 25},
+        {"device_memory": 80 * GB, "world_size": 16, "nproc_per_node": 8, "inter_gbps": 25},
         "zero_1",
         None,
     ),
@@ -153,7 +153,7 @@ def test_checkpointing_picks_the_fewest_blocks_that_fit() -> None:
 def test_zero3_comes_after_zero2_and_offload_after_zero3_on_any_link(
     gbps: float, third_before_fourth: tuple[str, str]
 ) -> None:
-    options = {"device_memory": 80 * GB, "world_size": 16, "gpus_per_node": 8, "inter_gbps": gbps}
+    options = {"device_memory": 80 * GB, "world_size": 16, "nproc_per_node": 8, "inter_gbps": gbps}
     profile = synthetic_profile(**SLOW_BF16_GPU, parameters=70_000_000_000, layers=80)
     rules = [item.rule for item in suggest(profile, **options).suggestions]
     assert rules.index("zero_1") < rules.index("zero_2")
@@ -184,7 +184,7 @@ def test_evidence_labels_measured_numbers() -> None:
 @pytest.mark.parametrize(
     ("options", "flag"),
     [
-        ({"world_size": 8, "gpus_per_node": 3}, "--gpus-per-node"),
+        ({"world_size": 8, "nproc_per_node": 3}, "--gpus-per-node"),
         ({"world_size": 0}, "--world-size"),
         ({"inter_gbps": -1.0}, "--inter-gbps"),
         ({"global_batch": 0}, "--global-batch"),

@@ -14,7 +14,7 @@ from autotune.search import TrialSettings, TuneRecord
 
 def _record() -> TuneRecord:
     return TuneRecord(model_file="m.py", study="s", storage="sqlite:///s.db", global_batch=8,
-                      nproc=2, nodes=1, device_memory=None, objective="samples_per_s",
+                      nproc_per_node=2, nnodes=1, device_memory=None, objective="samples_per_s",
                       trials=[], comparison=None, recommendation=None, notes=["n"])  # fmt: skip
 
 

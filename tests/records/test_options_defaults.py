@@ -65,7 +65,7 @@ NO_FLAG = {"tune": {"front", "seed"}}
 """Record fields that only the Python API sets."""
 
 MACHINE = {"device": "device", "device_memory": "device_memory", "margin": "margin",
-           "nproc_per_node": "gpus_per_node", "nnodes": "nodes", "inter_gbps": "inter_gbps"}  # fmt: skip
+           "nproc_per_node": "nproc_per_node", "nnodes": "nnodes", "inter_gbps": "inter_gbps"}  # fmt: skip
 SOURCE = {"hf_config", "hf_model", "seq_len", "task"}
 OUTPUT = {"out", "output", "out_dir", "as_json", "json_output"}
 OTHER = {"arg_map", "precision"}
@@ -173,8 +173,8 @@ BAD = [
     (TuneOptions, {"global_batch": 8, "interval_width": 1.5}, "interval_width (--interval)"),
     (TuneOptions, {"global_batch": 8, "engines": ("megatron",)}, "engines (--engines)"),
     (Machine, {"device": "tpu"}, "device (--device)"),
-    (Machine, {"gpus_per_node": 0}, "gpus_per_node (--nproc-per-node)"),
-    (Machine, {"nodes": 0}, "nodes (--nnodes)"),
+    (Machine, {"nproc_per_node": 0}, "nproc_per_node (--nproc-per-node)"),
+    (Machine, {"nnodes": 0}, "nnodes (--nnodes)"),
     (Machine, {"margin": 0.95}, "margin (--margin)"),
     (Machine, {"inter_gbps": 0.0}, "inter_gbps (--inter-gbps)"),
     (Machine, {"device_memory": -1}, "device_memory (--device-memory)"),

@@ -8,9 +8,9 @@ from autotune.records import AutotuneError, Plan, format_plan, fsdp2_equivalent,
 
 CASES = [
     "mb=4,ga=2",
-    "stage=2,mb=2,ga=4,precision=bf16,gpus=8",
-    "stage=3,mb=1,ckpt=12,precision=bf16,gpus=8,nodes=2",
-    "engine=fsdp2,stage=3,precision=bf16,gpus=4",
+    "stage=2,mb=2,ga=4,precision=bf16,nproc_per_node=8",
+    "stage=3,mb=1,ckpt=12,precision=bf16,nproc_per_node=8,nnodes=2",
+    "engine=fsdp2,stage=3,precision=bf16,nproc_per_node=4",
 ]
 
 
@@ -22,7 +22,7 @@ def test_describe_parses_back_to_the_same_plan(text: str) -> None:
 
 
 def test_global_batch_is_micro_batch_times_accumulation_times_ranks() -> None:
-    plan = parse_plan("mb=3,ga=5,gpus=4,nodes=2")
+    plan = parse_plan("mb=3,ga=5,nproc_per_node=4,nnodes=2")
     assert (plan.world_size, plan.global_batch) == (8, 3 * 5 * 8)
 
 
@@ -38,7 +38,7 @@ def test_a_bad_plan_string_is_one_line_naming_the_flag_and_knob(text: str, named
 
 
 def test_fsdp2_equivalent_keeps_the_sharding_and_the_batch() -> None:
-    zero3 = parse_plan("stage=3,mb=2,ga=2,precision=bf16,gpus=8")
+    zero3 = parse_plan("stage=3,mb=2,ga=2,precision=bf16,nproc_per_node=8")
     fsdp = fsdp2_equivalent(zero3)
     assert fsdp is not None and fsdp.engine == "fsdp2"
     assert (fsdp.zero_stage, fsdp.global_batch) == (3, zero3.global_batch)

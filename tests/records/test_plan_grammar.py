@@ -34,7 +34,7 @@ REFUSED: list[tuple[str, Blocks, str]] = [
     ("ga=", None, "--plan: ga: give a value, e.g. ga=8"),
     # each knob once, under any of its names
     ("mb=4,mb=8", None, "--plan: micro_batch given twice (mb=4, mb=8)"),
-    ("gpus=2,gpus_per_node=4", None, "--plan: gpus_per_node given twice (gpus=2, gpus_per_node=4)"),
+    ("nproc_per_node=2,nproc_per_node=4", None, "--plan: nproc_per_node given twice (nproc_per_node=2, nproc_per_node=4)"),
     ("stage=2,zero=3", None, "--plan: zero_stage given twice (stage=2, zero=3)"),
     # pydantic's "Value error, " prefix stays out
     ("offload_param=cpu", None, "--plan: 'offload_param=cpu': offload_param needs zero_stage 3"),

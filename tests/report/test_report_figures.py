@@ -32,7 +32,7 @@ def _bar_tops(fig: Figure) -> list[float]:
 def _tune_with_baseline() -> object:
     """make_tune's trials plus the user's baseline plan (2 ranks, micro-batch 4), pruned."""
     baseline = TrialRecord(
-        number=8, plan=Plan(micro_batch=4, gpus_per_node=2), role="baseline", state="pruned",
+        number=8, plan=Plan(micro_batch=4, nproc_per_node=2), role="baseline", state="pruned",
         predicted_peak_bytes=300 * MiB, prediction_source="formula",
         reason="predicted out of memory",
     )  # fmt: skip
@@ -58,7 +58,7 @@ def test_with_a_tune_record_the_baseline_bar_is_tunes_baseline_plan() -> None:
     by_label = {bar.label: bar for bar in data.memory_bars}
     assert set(by_label) == {"profiled", "tune baseline", "recommended"}
     base = by_label["tune baseline"]
-    assert base.plan == Plan(micro_batch=4, gpus_per_node=2).describe()  # not the profile's
+    assert base.plan == Plan(micro_batch=4, nproc_per_node=2).describe()  # not the profile's
     assert base.ranks == 2 and base.caption.endswith(", 2 ranks")
     # pruned, never ran: the bar ends at the peak tune predicted for it
     assert base.height == base.predicted_peak == 300 * MiB and base.measured_peak is None

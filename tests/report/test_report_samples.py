@@ -132,7 +132,7 @@ def make_tune(storage: str = "tune.log", study: str = "tiny") -> TuneRecord:
         study=study,
         storage=storage,
         global_batch=8,
-        nproc=1,
+        nproc_per_node=1,
         device_memory=512 * MiB,
         objective="samples_per_s",
         trials=make_trials(),
@@ -210,7 +210,7 @@ def make_suggestions(budget: int = 160 * MiB) -> SuggestRecord:
         baseline=base,
         device_memory_bytes=budget,
         world_size=1,
-        gpus_per_node=1,
+        nproc_per_node=1,
         inter_gbps=None,
         global_batch=None,
         suggestions=[

@@ -49,7 +49,7 @@ def train_in_torchrun(tmp_path: Path, knobs_list: list[str], nproc: int) -> dict
     replaces ``F.linear``), which must not leak into the other tests.
     """
     configs = [
-        {"name": knobs, "config": deepspeed_config(parse_plan(f"{knobs},gpus={nproc}"))}
+        {"name": knobs, "config": deepspeed_config(parse_plan(f"{knobs},nproc_per_node={nproc}"))}
         for knobs in knobs_list
     ]
     (tmp_path / "configs.json").write_text(json.dumps(configs))
@@ -96,7 +96,7 @@ def _host_parts_as_predicted(knobs: str, measured: dict[str, int]) -> None:
 
     from autotune.estimator import host_bytes_per_rank
 
-    plan = parse_plan(f"{knobs},gpus=2")
+    plan = parse_plan(f"{knobs},nproc_per_node=2")
     predicted = asdict(host_bytes_per_rank(
         parameters=TINY_PARAMETERS, trainable=TINY_PARAMETERS, precision=plan.precision,
         zero_stage=plan.zero_stage, world_size=2, largest_parameter=TINY_LARGEST,
@@ -136,7 +136,7 @@ def test_deepspeed_example(examples_dir: Path) -> None:
     [
         ("hf_trainer.py", "stage=2,mb=2,ga=2"),
         ("hf_trainer.py", "stage=3,precision=bf16,mb=2,ga=2,ckpt=2"),
-        ("hf_trainer.py", "stage=3,mb=2,ga=2,gpus=2"),
+        ("hf_trainer.py", "stage=3,mb=2,ga=2,nproc_per_node=2"),
         ("accelerate_train.py", "stage=2,mb=2,ga=2"),
     ],
 )

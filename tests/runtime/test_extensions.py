@@ -99,7 +99,7 @@ def test_a_held_lock_is_named_and_waited_on_until_the_deadline(built: Path, tmp_
 def _tune(model: Path, run: Path, env: dict[str, str], *, timeout: float = 120,
           nproc: int = 1, trials: int = 1) -> list[str]:  # fmt: skip
     run.mkdir()
-    return [AUTOTUNE, "tune", str(model), "--global-batch", "2", "--trials", str(trials), "--nproc",
+    return [AUTOTUNE, "tune", str(model), "--global-batch", "2", "--trials", str(trials), "--nproc-per-node",
             str(nproc), "--repeats", "0", "--steps", "1", "--warmup", "0", "--device", "cpu",
             "--storage", str(run / "study.db"), "--out-dir", str(run),
             "--trial-timeout", str(timeout), "--json"]  # fmt: skip

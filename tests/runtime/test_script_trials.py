@@ -38,7 +38,7 @@ def _options(tmp_path: Path, global_batch: int) -> TuneOptions:
                        storage=str(tmp_path / "study.db"))  # fmt: skip
 
 
-PEAK_PLAN = Plan(zero_stage=2, micro_batch=2, grad_accum=2, gpus_per_node=2)
+PEAK_PLAN = Plan(zero_stage=2, micro_batch=2, grad_accum=2, nproc_per_node=2)
 PEAK_SETTINGS = TrialSettings(model_file=str(SCRIPTS / "tiny_model.py"), steps=2, warmup=1,
                               device="cpu", timeout_s=300, interval_width=None)  # fmt: skip
 PEAK_SCRIPTS = {
@@ -153,7 +153,7 @@ def test_tune_each_script_on_two_ranks_and_its_config_trains_it(case: str, tmp_p
     command, arg_map, recommended_run = CASES[case]
     command = [part.replace("{tmp}", str(tmp_path)) for part in command]
     record = tune_script(command, options=_options(tmp_path, 8),
-                         machine=Machine(device="cpu", gpus_per_node=2), arg_map=arg_map)  # fmt: skip
+                         machine=Machine(device="cpu", nproc_per_node=2), arg_map=arg_map)  # fmt: skip
     assert NO_PROFILE not in record.notes  # profiled in the script: estimate and policy apply
     assert any(t.predicted_peak_bytes for t in record.trials)
     ok = [t for t in record.trials if t.outcome == "ok"]

@@ -1,6 +1,6 @@
 """Communication time predicted from a measured link against the same steps timed on it.
 
-Two "nodes" of one rank each (torchrun's c10d rendezvous, as ``autotune agent`` runs them) in a
+Two "nnodes" of one rank each (torchrun's c10d rendezvous, as ``autotune agent`` runs them) in a
 network namespace made for the test, talking over its own loopback, which ``tc`` tbf shapes to
 1 Gbit/s. In one job: a link sweep shaped and one open, then DeepSpeed ZeRO-2 and ZeRO-3 steps
 in windows that alternate shaped and open. The measured communication time of a plan is the
@@ -126,7 +126,7 @@ def test_predicted_communication_within_25_percent_of_the_shaped_link(
     predicted, measured = {}, {}
     for name, run in results["plans"].items():
         knobs, _, release = run["knobs"].partition("+")
-        plan = parse_plan(f"{knobs},gpus=1,nodes=2")
+        plan = parse_plan(f"{knobs},nproc_per_node=1,nnodes=2")
         calls = step_calls(plan, psi, sizes, keep_elements=0 if release else 10**9)
         # the schedule modelled is the one DeepSpeed ran: bytes per collective within 1 %
         # (DeepSpeed pads partitions to the world size)
@@ -152,7 +152,7 @@ def test_predicted_communication_within_25_percent_of_the_shaped_link(
     assert predicted["zero3_released"] > predicted["zero2"] * 1.15, report
     assert measured["zero3_released"] > measured["zero2"], report
     # the estimate's own path names the measured link and gives the same time
-    plan = parse_plan(f"{PLANS['zero2']},gpus=1,nodes=2")
+    plan = parse_plan(f"{PLANS['zero2']},nproc_per_node=1,nnodes=2")
     _, seconds, note = step_communication(plan, psi, sizes, Machine(link=shaped))
     assert note is not None and "measured link sweep" in note
     assert seconds == pytest.approx(collective_seconds(step_calls(plan, psi, sizes), 2, 4,

@@ -86,7 +86,7 @@ def test_bad_endpoints_are_refused(endpoint: str, message: str) -> None:
         (["--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:29400"], "cannot resolve host"),
         (
             ["--nnodes", "3"],
-            "global_batch (--global-batch) 4 does not split over gpus_per_node (--nproc-per-node) 1 x nodes (--nnodes) 3",
+            "global_batch (--global-batch) 4 does not split over nproc_per_node (--nproc-per-node) 1 x nnodes (--nnodes) 3",
         ),
         (["--heartbeat", "0"], "--heartbeat-s: must be >= 1 (got 0)"),
     ],

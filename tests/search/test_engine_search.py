@@ -56,7 +56,7 @@ def test_tune_cli_refuses_an_unknown_engine_before_any_work(tmp_path: Path) -> N
 
     model = tmp_path / "m.py"
     model.write_text("def build_model(): ...\n")
-    result = CliRunner().invoke(app, ["tune", str(model), "--global-batch", "8", "--nproc", "2",
+    result = CliRunner().invoke(app, ["tune", str(model), "--global-batch", "8", "--nproc-per-node", "2",
                                       "--engines", "deepspeed,jax", "--out-dir", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 2 and "engines (--engines): jax" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]

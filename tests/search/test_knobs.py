@@ -69,7 +69,7 @@ def behaviour(plan: Plan, settings: TrialSettings) -> TrialResult:
 def _tune(tmp_path: Path, budget: int, policy: Plan, runner: FakeRunner, times: bool = True):  # noqa: ANN202
     return run_tune(
         "model.py", global_batch=8, nproc=2, blocks=BLOCKS, policy=policy,
-        baseline=Plan(micro_batch=4, gpus_per_node=2), predict=predictor(budget, times), trials=10,
+        baseline=Plan(micro_batch=4, nproc_per_node=2), predict=predictor(budget, times), trials=10,
         settings=TrialSettings(model_file="model.py", device_memory=budget, timeout_s=5),
         runner=runner, storage=str(tmp_path / "s.db"), repeats=3, seed=0,
     )  # fmt: skip
@@ -80,7 +80,7 @@ def test_a_peak_set_by_the_optimizer_step_is_never_recommended_with_checkpointin
     tmp_path: Path, times: bool
 ) -> None:
     # The pick: bf16 ckpt=6 mb=2 ga=2 ZeRO-0 on 2 ranks, global batch 8.
-    policy = Plan(micro_batch=2, grad_accum=2, checkpoint_blocks=6, gpus_per_node=2)
+    policy = Plan(micro_batch=2, grad_accum=2, checkpoint_blocks=6, nproc_per_node=2)
     assert peak(policy) == peak(policy.with_changes(checkpoint_blocks=0)) == 900
     runner = FakeRunner(behaviour)
     record = _tune(tmp_path, 1000, policy, runner, times)
@@ -107,7 +107,7 @@ def test_checkpointing_runs_where_the_plan_without_it_does_not_fit(tmp_path: Pat
     # At 800 the optimizer spike of ZeRO-0 (900) never fits; at ZeRO >= 1, micro-batch 4
     # needs a checkpointed block or more, micro-batch 2 and 1 need none.
     runner = FakeRunner(behaviour)
-    policy = Plan(micro_batch=4, checkpoint_blocks=8, zero_stage=1, gpus_per_node=2)
+    policy = Plan(micro_batch=4, checkpoint_blocks=8, zero_stage=1, nproc_per_node=2)
     record = _tune(tmp_path, 800, policy, runner)
     assert runner.plans
     for plan in runner.plans:

@@ -34,7 +34,7 @@ def _tune(
     model: Path, url: str, study: str, out: Path, *extra: str
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
-        AUTOTUNE, "tune", str(model), "--global-batch", "8", "--nproc", "1", "--nnodes", "2",
+        AUTOTUNE, "tune", str(model), "--global-batch", "8", "--nproc-per-node", "1", "--nnodes", "2",
         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--storage", url, "--study", study,
         "--repeats", "0", "--steps", "1", "--warmup", "0", "--device", "cpu",
         "--out-dir", str(out), "--json", *extra,
@@ -80,9 +80,9 @@ def test_two_agents_form_one_two_rank_zero2_trial(
     assert done.returncode == 0, done.stderr[-3000:]
     assert codes == [0, 0], "the agents did not exit when the asker ended the study"
     record = json.loads(done.stdout)
-    assert record["nodes"] == 2 and record["nproc"] == 1
+    assert record["nnodes"] == 2 and record["nproc"] == 1
     zero2 = [t for t in record["trials"] if t["plan"]["zero_stage"] == 2 and t["outcome"] == "ok"]
-    assert zero2 and all(t["plan"]["nodes"] == 2 and t["plan"]["gpus_per_node"] == 1 for t in zero2)
+    assert zero2 and all(t["plan"]["nnodes"] == 2 and t["plan"]["nproc_per_node"] == 1 for t in zero2)
     # Every launch ran on both agents, and each saw a world of two ranks (one peak per rank).
     jobs = _reports(postgres_url, "two-nodes")
     trial_reports = [
@@ -98,7 +98,7 @@ def test_two_agents_form_one_two_rank_zero2_trial(
     validate_with_deepspeed(config, world_size=2)  # DeepSpeed's own DeepSpeedConfig, 2 ranks
     assert config["train_batch_size"] == 8
     print("two nodes on localhost:", json.dumps({
-        "trials": [(t["plan"]["zero_stage"], t["plan"]["nodes"], t["outcome"], t["samples_per_s"]) for t in record["trials"]],
+        "trials": [(t["plan"]["zero_stage"], t["plan"]["nnodes"], t["outcome"], t["samples_per_s"]) for t in record["trials"]],
         "launches_on_both_agents": len(trial_reports), "recommendation": record["recommendation"]["plan"],
     }))  # fmt: skip
 

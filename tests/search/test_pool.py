@@ -86,8 +86,8 @@ def test_two_rank_worker_reused_after_zero3_measures_the_fresh_peak(
     # kept the blocks a recompute entered (their post-hooks never run). ZeRO-1/2 are not used
     # here: their live peak on two CPU ranks varies by one gradient partition from run to run.
     plans = [
-        Plan(micro_batch=2, gpus_per_node=2, zero_stage=3, checkpoint_blocks=2),
-        Plan(micro_batch=2, gpus_per_node=2, zero_stage=0),
+        Plan(micro_batch=2, nproc_per_node=2, zero_stage=3, checkpoint_blocks=2),
+        Plan(micro_batch=2, nproc_per_node=2, zero_stage=0),
     ]
     fresh = SubprocessRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "fresh")
     expected = [_peaks(fresh.run(plan, _settings(model))) for plan in plans]

@@ -11,7 +11,7 @@ import pytest
 from autotune.records import AutotuneError, Plan
 from autotune.search import SCRIPT_SPEC_ENV, check_command, parse_arg_map, script_command
 
-TWO = Plan(micro_batch=4, grad_accum=2, gpus_per_node=2)
+TWO = Plan(micro_batch=4, grad_accum=2, nproc_per_node=2)
 ONE = Plan(micro_batch=4, grad_accum=2)
 
 
@@ -81,7 +81,7 @@ def test_check_command_refuses_in_one_line(tmp_path: Path) -> None:
     check_command([sys.executable, str(script)], 2)
     with pytest.raises(AutotuneError, match=r"^--: .*missing\.py: no such script$"):
         check_command(["python", str(tmp_path / "missing.py")], 1)
-    with pytest.raises(AutotuneError, match=r"^--nproc 2: the command launches 4 per node"):
+    with pytest.raises(AutotuneError, match=r"^--nproc-per-node 2: the command launches 4 per node"):
         check_command(["torchrun", "--nproc-per-node=4", str(script)], 2)
     with pytest.raises(AutotuneError, match=r"^--: make: not a launch command"):
         check_command(["make", "train"], 1)

@@ -53,9 +53,9 @@ def test_oom_lesson_only_for_larger_micro_batch_with_same_knobs() -> None:
 
 
 def test_a_space_over_nodes_splits_the_batch_over_every_rank_and_searches_zero() -> None:
-    space = make_space(16, 1, 0, None, None, nodes=2)
+    space = make_space(16, 1, 0, None, None, nnodes=2)
     assert space.world == 2 and space.micro_batches == [1, 2, 4, 8]
     assert space.zero_stages == [0, 1, 2, 3]
     plan = space.plan({"micro_batch": 4, "zero_stage": 2})
-    assert (plan.nodes, plan.gpus_per_node, plan.grad_accum, plan.global_batch) == (2, 1, 2, 16)
+    assert (plan.nnodes, plan.nproc_per_node, plan.grad_accum, plan.global_batch) == (2, 1, 2, 16)
     assert space.params(plan)["zero_stage"] == 2

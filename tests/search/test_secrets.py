@@ -87,7 +87,7 @@ def test_agents_and_their_jobs_keep_the_password_out(postgres_url: str, tmp_path
                  "300"], stdout=err, stderr=err, env=env, cwd=tmp_path))  # fmt: skip
     try:
         done = subprocess.run(
-            [AUTOTUNE, "tune", str(tmp_path / "model.py"), "--global-batch", "2", "--nproc",
+            [AUTOTUNE, "tune", str(tmp_path / "model.py"), "--global-batch", "2", "--nproc-per-node",
              "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--storage",
              url, "--study", "agents", "--trials", "1", "--repeats", "0", "--steps", "1",
              "--warmup", "0", "--device", "cpu", "--out-dir", str(tmp_path), "--json"],

@@ -43,8 +43,8 @@ def test_front_is_the_fastest_predicted_plan_of_each_stage() -> None:
 
 
 def _tune(tmp_path: Path, runner: FakeRunner, trials: int) -> TuneRecord:
-    baseline = Plan(micro_batch=1, grad_accum=16, gpus_per_node=2)
-    policy = Plan(micro_batch=2, grad_accum=8, gpus_per_node=2, zero_stage=2)
+    baseline = Plan(micro_batch=1, grad_accum=16, nproc_per_node=2)
+    policy = Plan(micro_batch=2, grad_accum=8, nproc_per_node=2, zero_stage=2)
     return run_tune(
         "model.py", global_batch=32, settings=TrialSettings(model_file="model.py"), runner=runner,
         nproc=2, blocks=3, policy=policy, baseline=baseline, predict=predict, trials=trials,

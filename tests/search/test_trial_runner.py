@@ -186,7 +186,7 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     runner = SubprocessRunner(
         entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
     )
-    plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2, gpus_per_node=2)
+    plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2, nproc_per_node=2)
     settings = _settings(model, timeout_s=300)
     report = runner.run(plan, settings)
     result = report.result
