@@ -32,7 +32,9 @@ def test_the_margin_decides_what_tune_prunes() -> None:
 
 
 def test_tunes_keywords_take_a_size_string() -> None:
-    _, machine = tune_records(None, None, {"global_batch": 8, "device_memory": "2GiB", "nproc_per_node": 2})
+    _, machine = tune_records(
+        None, None, {"global_batch": 8, "device_memory": "2GiB", "nproc_per_node": 2}
+    )
     assert (machine.device_memory, machine.nproc_per_node) == (2 * 2**30, 2)
 
 

@@ -99,7 +99,9 @@ def test_the_python_api_refuses_what_a_mode_ignores_and_reads_units(tmp_path: Pa
     with pytest.raises(AutotuneError, match="unknown option 'trails'"):
         api.tune_records(None, None, {"global_batch": 8, "trails": 3})
     options, machine = api.tune_records(
-        None, None, {"global_batch": 8, "nproc_per_node": 2, "device_memory": "80GiB", "margin": 0.2}
+        None,
+        None,
+        {"global_batch": 8, "nproc_per_node": 2, "device_memory": "80GiB", "margin": 0.2},
     )
     assert machine.device_memory == 80 * GiB and machine.nproc_per_node == 2
     assert machine.usable == pytest.approx(0.8 * 80 * GiB)

@@ -45,7 +45,7 @@ def test_tune_prints_and_keeps_its_wall_time_breakdown(
 
 def test_an_older_record_without_a_breakdown_still_reads(tmp_path: Path) -> None:
     record = TuneRecord(model_file="m.py", study="s", storage="sqlite:///s.db", global_batch=8,
-                        nproc=1, device_memory=None, objective="samples_per_s", trials=[])  # fmt: skip
+                        nproc_per_node=1, device_memory=None, objective="samples_per_s", trials=[])  # fmt: skip
     old = record.model_dump(mode="json")
     del old["wall_time"]
     assert TuneRecord.model_validate(old).wall_time is None

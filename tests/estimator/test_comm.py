@@ -47,7 +47,10 @@ def test_collectives_per_step(knobs: str, volume: dict[str, float]) -> None:
 
 
 def test_zero3_gathers_again_in_backward_what_it_releases() -> None:
-    assert _volume("stage=3,nproc_per_node=2", keep_elements=0) == {"all_gather": 2, "reduce_scatter": 1}
+    assert _volume("stage=3,nproc_per_node=2", keep_elements=0) == {
+        "all_gather": 2,
+        "reduce_scatter": 1,
+    }
     assert regathered_share(400e6, 10**9) == 0.0
     assert regathered_share(7e9, 10**9) == pytest.approx(1 - 1 / 14)
 

@@ -74,8 +74,9 @@ def test_zero3_offload_host_ram_lies_between_the_bare_states_and_deepspeeds_esti
         psi, largest, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=True,
         cpu_offload_params=params, zero_init=True, additional_buffer_factor=1.5,
     )  # fmt: skip
-    text = f"precision=bf16,stage=3,nproc_per_node={per_node},nnodes={nodes},offload_optimizer=cpu" + (
-        ",offload_param=cpu" if params else ""
+    text = (
+        f"precision=bf16,stage=3,nproc_per_node={per_node},nnodes={nodes},offload_optimizer=cpu"
+        + (",offload_param=cpu" if params else "")
     )
     host = host_bytes_per_node(_facts(psi, largest), parse_plan(text))
     bare = (12 + (2 if params else 0)) * psi / nodes
@@ -99,7 +100,10 @@ def test_a_plan_fits_only_where_the_host_side_fits_too() -> None:
 def test_nothing_is_offloaded_where_the_host_is_the_device() -> None:
     psi, largest = MODELS["7B"]
     facts = _facts(psi, largest).model_copy(update={"device_type": "cpu"})
-    assert host_bytes_per_node(facts, parse_plan("stage=3,nproc_per_node=8,offload_optimizer=cpu")) == 0
+    assert (
+        host_bytes_per_node(facts, parse_plan("stage=3,nproc_per_node=8,offload_optimizer=cpu"))
+        == 0
+    )
 
 
 def _timed_facts(host_adam_per_s: float | None) -> ModelFacts:

@@ -82,7 +82,9 @@ def test_two_agents_form_one_two_rank_zero2_trial(
     record = json.loads(done.stdout)
     assert record["nnodes"] == 2 and record["nproc"] == 1
     zero2 = [t for t in record["trials"] if t["plan"]["zero_stage"] == 2 and t["outcome"] == "ok"]
-    assert zero2 and all(t["plan"]["nnodes"] == 2 and t["plan"]["nproc_per_node"] == 1 for t in zero2)
+    assert zero2 and all(
+        t["plan"]["nnodes"] == 2 and t["plan"]["nproc_per_node"] == 1 for t in zero2
+    )
     # Every launch ran on both agents, and each saw a world of two ranks (one peak per rank).
     jobs = _reports(postgres_url, "two-nodes")
     trial_reports = [

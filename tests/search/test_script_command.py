@@ -81,7 +81,9 @@ def test_check_command_refuses_in_one_line(tmp_path: Path) -> None:
     check_command([sys.executable, str(script)], 2)
     with pytest.raises(AutotuneError, match=r"^--: .*missing\.py: no such script$"):
         check_command(["python", str(tmp_path / "missing.py")], 1)
-    with pytest.raises(AutotuneError, match=r"^--nproc-per-node 2: the command launches 4 per node"):
+    with pytest.raises(
+        AutotuneError, match=r"^--nproc-per-node 2: the command launches 4 per node"
+    ):
         check_command(["torchrun", "--nproc-per-node=4", str(script)], 2)
     with pytest.raises(AutotuneError, match=r"^--: make: not a launch command"):
         check_command(["make", "train"], 1)
