@@ -60,7 +60,7 @@ def fsdp2_config(
     Args:
         plan_or_recommendation: an ``engine=fsdp2`` plan, a recommendation of one, or a plan
             string such as ``"engine=fsdp2,stage=3"``.
-        world_size: processes in all; default the plan's gpus x nodes.
+        world_size: processes in all; default the plan's nproc_per_node x nnodes.
         block_stack: Python for the model's blocks, e.g. ``"model.model.layers"``
             (``emit.block_stack_expression`` of a profile's ``model.block_stack.path``);
             ``None`` uses that default and says so in the code and the notes.

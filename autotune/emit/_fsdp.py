@@ -141,7 +141,7 @@ def accelerate_fsdp_config(
 
     Args:
         plan: an ``engine=fsdp2`` plan.
-        world_size: processes in all; default the plan's gpus x nodes.
+        world_size: processes in all; default the plan's nproc_per_node x nnodes.
         layer_class: the block class to wrap (``TRANSFORMER_BASED_WRAP``); without it
             Accelerate wraps by the model's ``_no_split_modules``.
         num_blocks: L. Accelerate's ``fsdp_activation_checkpointing`` checkpoints every
@@ -276,7 +276,7 @@ def fsdp2_deliverable(
 
     Args:
         plan: an ``engine=fsdp2`` plan.
-        world_size: processes in all; default the plan's gpus x nodes.
+        world_size: processes in all; default the plan's nproc_per_node x nnodes.
         block_stack: Python for the model's blocks (:func:`block_stack_expression` of a
             profile's path); ``None``: :data:`DEFAULT_BLOCK_STACK`, said in the code and notes.
         layer_class: the block class, for Accelerate's and the Trainer's wrapping.
