@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.records import Machine, Plan, TuneOptions
+from autotune.records import LinkMeasure, Machine, Plan, TuneOptions
 from autotune.search import (
     Predict,
     Progress,
@@ -51,6 +51,7 @@ def run_tune(
     blocks: int = 0,
     policy: Plan | None = None,
     predict: Predict | None = None,
+    relink: Callable[[LinkMeasure], Predict] | None = None,
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
     **options: Any,
@@ -65,6 +66,7 @@ def run_tune(
         blocks=blocks,
         policy=policy,
         predict=predict,
+        relink=relink,
         code_changes=code_changes,
         progress=progress,
     )

@@ -168,6 +168,7 @@ def _tune_file(
         tuned = tune(
             label, options=options, machine=machine, settings=settings, runner=runner,
             blocks=stack.count if stack else 0, policy=policy, predict=composition.prediction,
+            relink=lambda link: composition.on_link(link).prediction,
             code_changes=composition.code_changes, progress=progress,
         )  # fmt: skip
     wall = tuned.wall_time

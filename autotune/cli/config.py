@@ -27,7 +27,10 @@ def config(
         help='Plan knobs instead of a recommendation, e.g. "stage=2,mb=4,ga=8,precision=bf16".',
     ),
     nproc_per_node: int | None = typer.Option(
-        None, "--nproc-per-node", min=1, help="Ranks on each node; default: the plan's nproc_per_node."
+        None,
+        "--nproc-per-node",
+        min=1,
+        help="Ranks on each node; default: the plan's nproc_per_node.",
     ),
     nnodes: int | None = typer.Option(None, "--nnodes", min=1, help="Nodes; default: the plan's."),
     renamed_world_size: int | None = _options.RENAMED_WORLD_SIZE,

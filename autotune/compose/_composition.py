@@ -6,6 +6,7 @@ Pure: no torch. The measurements it composes come from ``autotune.compose._sourc
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,7 +23,7 @@ from autotune.estimator import (
     with_activations,
 )
 from autotune.policy import SuggestRecord, suggest
-from autotune.records import CodeChange, Machine, Plan, ProfileRecord, format_bytes
+from autotune.records import CodeChange, LinkMeasure, Machine, Plan, ProfileRecord, format_bytes
 from autotune.search import Prediction
 
 
@@ -59,6 +60,12 @@ class Composition:
         if plan not in self._estimates:
             self._estimates[plan] = estimate_plan(self.facts, plan, machine=self.machine)
         return self._estimates[plan]
+
+    def on_link(self, link: LinkMeasure) -> Composition:
+        """The same composition with communication timed on a measured link (a trial's sweep);
+        a link the user gave (``--intra-gbps`` / ``--inter-gbps``) still wins in the estimate."""
+        machine = dataclasses.replace(self.machine, link=link)
+        return dataclasses.replace(self, machine=machine, _estimates={})
 
     def prediction(self, plan: Plan) -> Prediction:
         """The search's view of :meth:`estimate`: fits, peak, and why it does not fit."""

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from autotune.records import (
     BlockStack,
+    LinkMeasure,
     MeasuredPlan,
     Plan,
     Recommendation,
@@ -77,6 +78,10 @@ class TrialRecord(_Record):
     )
     predicted_step_ratio: float | None = Field(
         default=None, description="predicted step time over the baseline's (the estimate)"
+    )
+    link: LinkMeasure | None = Field(
+        default=None,
+        description="the link between the trial's ranks, swept after its steps (multi-rank)",
     )
 
 
@@ -172,6 +177,11 @@ class TuneRecord(_Record):
         None, description="the model's blocks, which the FSDP2 config wraps and checkpoints"
     )
     notes: list[str] = Field(default_factory=list)
+    link: LinkMeasure | None = Field(
+        default=None,
+        description="the link between the trials' ranks, as the first multi-rank trial swept "
+        "it: the predictions after it time communication on it (None: one rank per trial)",
+    )
     wall_time: WallTime | None = Field(
         None, description="where the run's wall time went (None: an older record)"
     )

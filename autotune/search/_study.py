@@ -322,7 +322,7 @@ _RESULT_KEYS = (
     "outcome", "reason", "samples_per_s", "tokens_per_s", "step_time", "peak_memory_bytes",
     "peak_source", "predicted_peak_bytes", "prediction_source", "stderr_tail", "duration_s",
     "fixed_s", "steps_s", "steps_measured", "step_interval", "reused_worker",
-    "predicted_step_ratio",
+    "predicted_step_ratio", "link",
 )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import (
+    LinkMeasure,
     Machine,
     Plan,
     Terminated,
@@ -82,10 +83,29 @@ class _Search:
     """One worker's ask-run-tell loop over a shared study."""
 
     def __init__(self, study: Any, space: SearchSpace, runner: TrialRunner,
-                 settings: TrialSettings, predict: Predict | None) -> None:  # fmt: skip
+                 settings: TrialSettings, predict: Predict | None,
+                 relink: Callable[[LinkMeasure], Predict] | None = None) -> None:  # fmt: skip
         self.study, self.space, self.runner = study, space, runner
-        self.settings, self.predict = settings, predict
+        self.settings, self.predict, self.relink = settings, predict, relink
+        self.link: LinkMeasure | None = None
         self._predictions: dict[Plan, Prediction] = {}
+
+    def learn_link(self, records: list[TrialRecord], notes: list[str]) -> None:
+        """Once a multi-rank trial has swept the link between its ranks, predict every plan
+        from then on with communication timed on it (``relink``)."""
+        if self.link is not None or self.relink is None:
+            return
+        swept = next((r for r in records if r.link is not None), None)
+        if swept is None or swept.link is None:
+            return
+        self.link = swept.link
+        self.predict = self.relink(swept.link)
+        self._predictions.clear()
+        notes.append(
+            f"link between the ranks, swept after trial {swept.number}: "
+            f"{swept.link.latency_s * 1e6:.0f} us + {swept.link.gbps:.3g} Gbit/s bus "
+            f"({swept.link.backend}); the predictions after it time communication on it"
+        )
 
     def prediction(self, plan: Plan) -> Prediction | None:
         """The estimate of ``plan`` (``None`` without one); each plan is predicted once."""
@@ -212,6 +232,8 @@ class _Search:
                           steps_measured=len(result.step_times) or None)  # fmt: skip
             if outcome == "ok":
                 fields.update(samples_per_s=result.samples_per_s, tokens_per_s=result.tokens_per_s)
+        if result is not None and result.link is not None:
+            fields["link"] = result.link.model_dump(mode="json")
         return fields
 
 
@@ -225,6 +247,7 @@ def tune(
     blocks: int = 0,
     policy: Plan | None = None,
     predict: Predict | None = None,
+    relink: Callable[[LinkMeasure], Predict] | None = None,
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> TuneRecord:
@@ -245,6 +268,8 @@ def tune(
         predict: the estimate; plans it says cannot fit are pruned, never run; its
             predicted front is measured early, and plans it predicts slower than the best
             measured one beyond its error bar are skipped.
+        relink: ``link -> predict``: the estimate with communication timed on the link the
+            first multi-rank trial swept between its ranks, used from then on.
         code_changes: ``plan -> [CodeChange]`` for the recommendation.
         progress: called after each trial.
 
@@ -270,7 +295,7 @@ def tune(
             startup = _start(study, space, runner, settings, base_plan, notes, predict,
                              options.front)  # fmt: skip
             mark = time.monotonic()
-            _run_study(_Search(study, space, runner, settings, predict), options.trials,
+            _run_study(_Search(study, space, runner, settings, predict, relink), options.trials,
                        options.budget_s, progress, notes)  # fmt: skip
             trials_s = time.monotonic() - mark
         records = _study.records(study)
@@ -292,6 +317,7 @@ def tune(
         device_memory=settings.device_memory, margin=machine.margin,
         objective="tokens_per_s" if tokens else "samples_per_s", trials=records,
         comparison=comparison, recommendation=rec, notes=notes, wall_time=wall,
+        link=next((r.link for r in records if r.link is not None), None),
     )  # fmt: skip
 
 
@@ -369,6 +395,7 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
                 continue
             return
         existing = _study.records(search.study)
+        search.learn_link(existing, notes)
         if not search.worth_running(existing):
             measured = sum(1 for r in existing if r.outcome is not None and r.state != "running")
             notes.append(f"stopped after {measured} measured trials: every plan not measured is "

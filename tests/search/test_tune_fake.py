@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -9,10 +10,11 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from _search import run_tune
 
-from autotune.records import Plan
+from autotune.records import LinkMeasure, Plan
 from autotune.search import Prediction, TrialResult, TrialSettings
 from autotune.search._runner import FakeRunner
 
@@ -338,3 +340,36 @@ def test_budget_and_prediction_meet_the_live_tensor_peak_not_rss(tmp_path: Path)
     for trial in measured:
         assert trial.outcome == "ok" and trial.peak_source == "cpu_live_tensors"
         assert trial.peak_memory_bytes == trial.predicted_peak_bytes == peak(trial.plan)
+
+
+def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> None:
+    """The first 2-rank trial brings back the link between its ranks; from then on every plan
+    is predicted by ``relink(link)``, and the record keeps the link and says so."""
+    from autotune.estimator import link_measure
+    from autotune.records import LinkPoint
+
+    points = [LinkPoint(collective=c, nbytes=size, seconds=1e-4 + size / 1e9, low=1e-4 + size / 1e9,
+                        high=1e-4 + size / 1e9, repeats=1)
+              for c in ("all_reduce", "all_gather", "reduce_scatter")
+              for size in (2**16, 2**20)]  # fmt: skip
+    link = link_measure(points, 2, "gloo")
+
+    def swept(plan: Plan, s: TrialSettings) -> TrialResult:
+        return behaviour(plan, s).model_copy(update={"link": link})
+
+    relinked: list[LinkMeasure] = []
+
+    def relink(measured: LinkMeasure) -> Any:
+        relinked.append(measured)
+        return lambda plan: dataclasses.replace(predict(plan), step_time_ratio=0.5)
+
+    record = run_tune("model.py", global_batch=16, settings=settings(tmp_path),
+                      runner=FakeRunner(swept), nproc=2, blocks=2, predict=predict,
+                      relink=relink, trials=4, storage=str(tmp_path / "s.db"),
+                      repeats=0)  # fmt: skip
+    assert relinked == [link] and record.link == link
+    first = next(t for t in record.trials if t.link is not None)
+    later = [t for t in record.trials if t.number > first.number and t.outcome is not None]
+    assert later and all(t.predicted_step_ratio == 0.5 for t in later)
+    assert all(t.predicted_step_ratio != 0.5 for t in record.trials if t.number <= first.number)
+    assert any(f"swept after trial {first.number}" in note for note in record.notes)
