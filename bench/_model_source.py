@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``MODEL`` (a model file) or ``--hf-config`` with ``--seq-len``; ``--plans``; ``--nproc``."""
+    """``MODEL`` (a model file) or ``--hf-config`` with ``--seq-len``; ``--plans``; ``--nproc-per-node``."""
     parser.add_argument("model", nargs="?")
     parser.add_argument("--hf-config")
     parser.add_argument("--seq-len", type=int, default=32)

@@ -229,7 +229,7 @@ def main() -> None:
     from autotune.records import parse_plan
 
     started = time.time()
-    plans = [parse_plan(f"{text},nproc_per_node={args.nproc}") for text in args.plans]
+    plans = [parse_plan(f"{text},nproc_per_node={args.nproc_per_node}") for text in args.plans]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bf16-peaks-") as directory:
         work = Path(directory)
@@ -237,11 +237,11 @@ def main() -> None:
         formula, traced = _facts(model, args.profile_batch, {p.precision for p in plans})
         for plan in plans:
             old, new = estimate_plan(formula, plan).memory, estimate_plan(traced, plan).memory
-            ranks = _measure(model, plan, args.nproc, work)
+            ranks = _measure(model, plan, args.nproc_per_node, work)
             rows.append((plan, old, new, ranks))
     name = args.hf_config or Path(args.model).name
     print(f"model {name}: {formula.parameters:,} parameters; fp32 profile at micro-batch "
-          f"{args.profile_batch}; {args.nproc} ranks (MiB)")  # fmt: skip
+          f"{args.profile_batch}; {args.nproc_per_node} ranks (MiB)")  # fmt: skip
     print("\n| plan | rank | measured peak (phase) | by formula | traced | measured at its peak |")
     print("|---|---|---|---|---|---|")
     for plan, old, new, ranks in rows:

@@ -2,7 +2,7 @@
 estimate predicts, part by part?
 
 For each ``--plans`` entry with ``offload_optimizer=cpu`` and its twin without offload, one
-``torch.distributed.run`` of ``--nproc`` ranks trains ``--steps`` optimizer steps of the model
+``torch.distributed.run`` of ``--nproc-per-node`` ranks trains ``--steps`` optimizer steps of the model
 file under DeepSpeed (its emitted config; a torch client optimizer, so no CPU Adam build), then
 reads what DeepSpeed's optimizer keeps on the host (``tests/_ds_two_rank.py::offloaded_bytes``:
 the fp32 master partition, the optimizer's moments, the gradient partitions and buffers, the
@@ -101,13 +101,13 @@ def main() -> None:
 
     started = time.time()
     model = str(Path(args.model).resolve())
-    plans = [parse_plan(f"{text},nproc_per_node={args.nproc}") for text in args.plans]
+    plans = [parse_plan(f"{text},nproc_per_node={args.nproc_per_node}") for text in args.plans]
     if any(plan.offload_optimizer == "none" for plan in plans):
         parser.error("--plans: each plan offloads its optimizer (offload_optimizer=cpu)")
     twins = [plan.with_changes(offload_optimizer="none", offload_param="none") for plan in plans]
     facts = model_file_facts(model, ("bf16",), "cpu")
-    results = _run_ranks(model, [*plans, *twins], args.nproc, args.steps, args.timeout)
-    print(f"model {Path(args.model).name}: {facts.parameters:,} parameters; {args.nproc} CPU ranks; "
+    results = _run_ranks(model, [*plans, *twins], args.nproc_per_node, args.steps, args.timeout)
+    print(f"model {Path(args.model).name}: {facts.parameters:,} parameters; {args.nproc_per_node} CPU ranks; "
           f"{args.steps} steps; host parts read from DeepSpeed's optimizer on rank 0")  # fmt: skip
     print("\n| plan | part | predicted MiB | measured MiB | error |\n|---|---|---|---|---|")
     for plan in plans:

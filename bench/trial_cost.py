@@ -1,7 +1,7 @@
 """Per-trial fixed cost (request to first step) and step cost: a fresh launch per trial vs a live
 worker group reused across trials of one rank count; and whether reuse changes what is measured.
 
-Usage: OMP_NUM_THREADS=1 python bench/trial_cost.py examples/tiny_gpt.py --nproc 2 \
+Usage: OMP_NUM_THREADS=1 python bench/trial_cost.py examples/tiny_gpt.py --nproc-per-node 2 \
            --global-batch 32 [--rounds 4] [--steps 5]
 
 Each round runs one plan fresh (``SubprocessRunner``: a new torchrun, as `autotune tune` did
@@ -54,9 +54,9 @@ def main() -> None:
     parser.add_argument("--same-rounds", type=int, default=5)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
-    per_rank = args.global_batch // args.nproc
-    stages = [0, 1, 2, 3] if args.nproc > 1 else [0]
-    plans = [Plan(micro_batch=per_rank // 2, grad_accum=2, nproc_per_node=args.nproc,
+    per_rank = args.global_batch // args.nproc_per_node
+    stages = [0, 1, 2, 3] if args.nproc_per_node > 1 else [0]
+    plans = [Plan(micro_batch=per_rank // 2, grad_accum=2, nproc_per_node=args.nproc_per_node,
                   zero_stage=stages[i % len(stages)]) for i in range(args.rounds)]  # fmt: skip
     settings = TrialSettings(model_file=model, steps=args.steps, warmup=1, device="cpu",
                              timeout_s=900)  # fmt: skip

@@ -1,7 +1,7 @@
 """Time to answer: `autotune tune`'s wall time and trials for a small GPT-style model, and its
 pick against the full grid measured once (the reference), re-measured interleaved.
 
-Usage: OMP_NUM_THREADS=1 python bench/tune_quality.py examples/tiny_gpt.py --nproc 2 \
+Usage: OMP_NUM_THREADS=1 python bench/tune_quality.py examples/tiny_gpt.py --nproc-per-node 2 \
            --global-batch 32 --baseline-micro-batch 1 --trials 8 [--rounds 5] [--no-grid]
        ... --remeasure PICK GRID_BEST ... (only step 3, for plans printed by an earlier run)
 
@@ -54,12 +54,14 @@ def main() -> None:
                         help="only re-measure these plans interleaved, the first as the pick")  # fmt: skip
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
-    per_rank = args.global_batch // args.nproc
-    baseline = Plan(micro_batch=args.baseline_micro_batch, nproc_per_node=args.nproc,
+    per_rank = args.global_batch // args.nproc_per_node
+    baseline = Plan(micro_batch=args.baseline_micro_batch, nproc_per_node=args.nproc_per_node,
                     grad_accum=per_rank // args.baseline_micro_batch)  # fmt: skip
     print(f"load average (1/5/15 min) at start: {_load()} on {os.cpu_count()} cores")
     if args.remeasure:
-        plans = [parse_plan(text, Plan(nproc_per_node=args.nproc)) for text in args.remeasure]
+        plans = [
+            parse_plan(text, Plan(nproc_per_node=args.nproc_per_node)) for text in args.remeasure
+        ]
         settings = TrialSettings(model_file=model, steps=5, warmup=1, device="cpu", timeout_s=900)
         with (
             tempfile.TemporaryDirectory() as tmp,
@@ -69,7 +71,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
-        record = tune_model(model, global_batch=args.global_batch, nproc=args.nproc, device="cpu",
+        record = tune_model(model, global_batch=args.global_batch, nproc_per_node=args.nproc_per_node, device="cpu",
                             baseline=baseline, trials=args.trials, storage=f"{tmp}/tune.db")  # fmt: skip
         wall = time.monotonic() - start
         _print_tune(record, wall)
@@ -119,7 +121,7 @@ def _grid_and_compare(pool: PoolRunner, model: str, args: argparse.Namespace, pi
     # The grid: each plan once, 3 measured steps after 1 warm-up (the reference, not the search).
     settings = TrialSettings(model_file=model, steps=3, warmup=1, device="cpu", timeout_s=900)
     again = settings.model_copy(update={"steps": 5})
-    space = make_space(args.global_batch, args.nproc, blocks, pick, None)
+    space = make_space(args.global_batch, args.nproc_per_node, blocks, pick, None)
     start = time.monotonic()
     pool.warm_up(space.all_plans()[:1], settings)
     grid = {plan: _speed(pool, plan, settings) for plan in space.all_plans()}

@@ -34,7 +34,7 @@ def main() -> None:
         print("| # | plan | per-rank peak (bytes) | source |\n|---|---|---|---|")
         with PoolRunner(entry_points=ENTRY_POINTS) as runner:
             for index, text in enumerate(args.plans):
-                plan = parse_plan(f"{text},nproc_per_node={args.nproc}")
+                plan = parse_plan(f"{text},nproc_per_node={args.nproc_per_node}")
                 result = runner.run(plan, settings).result
                 peaks = (
                     ", ".join(f"{p:,}" for p in result.peak_memory_bytes) if result else "failed"

@@ -309,8 +309,8 @@ def main() -> None:
     stack = record.model.block_stack
     blocks = stack.count if stack else 1
     texts = [*args.plans, *(grid_plans(args.grid, blocks) if args.grid else [])]
-    plans = [parse_plan(f"{text},nproc_per_node={args.nproc}") for text in texts]
-    machine = Machine(device=args.device, nproc_per_node=args.nproc)
+    plans = [parse_plan(f"{text},nproc_per_node={args.nproc_per_node}") for text in texts]
+    machine = Machine(device=args.device, nproc_per_node=args.nproc_per_node)
     composition = (
         compose.compose(record, machine=machine)
         if args.road == "profile"
@@ -322,11 +322,13 @@ def main() -> None:
     predicted = [composition.estimate(plan).memory.peak for plan in plans]
     with tempfile.TemporaryDirectory(prefix="zero-peaks-") as directory:
         work = Path(directory)
-        none: list[int | None] = [None] * args.nproc
+        none: list[int | None] = [None] * args.nproc_per_node
         trials = (
-            [none] * len(plans) if args.no_trial else _trial_peaks(model, plans, work, args.nproc)
+            [none] * len(plans)
+            if args.no_trial
+            else _trial_peaks(model, plans, work, args.nproc_per_node)
         )
-        references = _reference_jobs(model, plans, args.nproc, work, args)
+        references = _reference_jobs(model, plans, args.nproc_per_node, work, args)
     parameters = record.model.parameters
     rows = []
     for plan, memory, trial, ranks in zip(plans, predicted, trials, references, strict=True):
@@ -348,7 +350,7 @@ def main() -> None:
     road = f"profile at micro-batch {args.profile_batch}" if args.road == "profile" else (
         "the model file's trace (nothing run)")  # fmt: skip
     print(f"model {Path(args.model).name}: {parameters:,} parameters; predicted from {road}; "
-          f"{args.nproc} ranks; reference: {instrument}")  # fmt: skip
+          f"{args.nproc_per_node} ranks; reference: {instrument}")  # fmt: skip
     errors = _print_table(rows, args.categories)
     _print_summary(rows, errors)
     _print_named(rows)

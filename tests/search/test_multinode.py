@@ -80,7 +80,7 @@ def test_two_agents_form_one_two_rank_zero2_trial(
     assert done.returncode == 0, done.stderr[-3000:]
     assert codes == [0, 0], "the agents did not exit when the asker ended the study"
     record = json.loads(done.stdout)
-    assert record["nnodes"] == 2 and record["nproc"] == 1
+    assert record["nnodes"] == 2 and record["nproc_per_node"] == 1
     zero2 = [t for t in record["trials"] if t["plan"]["zero_stage"] == 2 and t["outcome"] == "ok"]
     assert zero2 and all(
         t["plan"]["nnodes"] == 2 and t["plan"]["nproc_per_node"] == 1 for t in zero2
