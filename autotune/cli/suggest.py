@@ -141,6 +141,12 @@ def _predicted(pred: object) -> str:
             f"; offload moves {format_bytes(pred.offload_bytes_per_step)} per step over the "
             f"host link ({seconds})"
         )
+        memory += (
+            f", and the optimizer steps on the host's CPU ({pred.host_optimizer_seconds:.3g} s)"
+            if pred.host_optimizer_seconds is not None
+            else ", and the optimizer steps on the host's CPU (time not predicted: the profile "
+            "probed no host Adam rate)"
+        )
     if pred.step_time_ratio is None:
         return f"{memory}; step time not predicted"
     # The estimate scales measured phase times: a prediction, though from measured numbers.

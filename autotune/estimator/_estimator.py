@@ -83,6 +83,11 @@ class PlanEstimate(_Record):
     communication_bytes_per_step: int
     communication_seconds: float | None
     offload_bytes_per_step: int = 0
+    host_optimizer_seconds: float | None = Field(
+        default=None,
+        description="seconds the offloaded optimizer steps on the host's CPU (the profile's "
+        "probed Adam rate); None: nothing offloaded, or no rate probed",
+    )
     host_bytes_per_node: int = Field(
         default=0,
         description="host RAM the offloaded states take on each node (0: nothing offloaded)",
@@ -338,6 +343,7 @@ def estimate_plan(
         communication_bytes_per_step=round(comm_bytes),
         communication_seconds=comm_s,
         offload_bytes_per_step=round(offload),
+        host_optimizer_seconds=host_step[0],
         host_bytes_per_node=round(host),
         host_fits=host_fits,
         accounting=states.accounting,

@@ -223,6 +223,7 @@ def _predict(builder: FactBuilder, before: Facts, plan: Plan, after: Plan) -> Pr
         host_fits_after=est_after.host_fits,
         offload_bytes_per_step=est_after.offload_bytes_per_step,
         offload_seconds=offload_seconds(est_after.offload_bytes_per_step, builder.machine),
+        host_optimizer_seconds=est_after.host_optimizer_seconds,
     )
 
 

@@ -55,6 +55,11 @@ class Predicted(Record):
         default=None,
         description="their transfer time over the host link; None: no --pcie-gbps given",
     )
+    host_optimizer_seconds: float | None = Field(
+        default=None,
+        description="the optimizer's step on the host's CPU (the profile's probed Adam rate); "
+        "None: nothing offloaded, or the profile probed no rate",
+    )
 
 
 class Suggestion(Record):

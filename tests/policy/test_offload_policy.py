@@ -44,6 +44,18 @@ def test_offload_comes_last_with_its_host_ram_and_transfer() -> None:
     moved = (2 * 8 + 2) * PSI / 8
     assert item.predicted.offload_bytes_per_step == round(moved)
     assert abs(item.predicted.offload_seconds - moved * 8 / 200e9) < 1e-9
+    assert item.predicted.host_optimizer_seconds is None  # this profile probed no host rate
+
+
+def test_offload_states_the_host_adam_step_from_the_probed_rate() -> None:
+    """8 ranks of a node each step psi / 8 fp32 elements on one CPU at the probed 2e9 a second."""
+    profile = _profile()
+    profile = profile.model_copy(update={"environment": profile.environment.model_copy(
+        update={"host_adam_per_s": 2e9})})  # fmt: skip
+    machine = Machine(device_memory=24 * GiB, nproc_per_node=8, host_memory=512 * GiB)
+    record = suggest(profile, machine=machine, global_batch=64)
+    item = next(i for i in record.suggestions if i.rule == "offload_optimizer")
+    assert item.predicted.host_optimizer_seconds == PSI / 8 * 8 / 2e9
 
 
 def test_without_host_room_the_offload_plan_does_not_fit(tmp_path: Path) -> None:
@@ -64,6 +76,7 @@ def test_suggest_prints_the_host_ram_and_the_transfer(tmp_path: Path) -> None:
     text = " ".join(shown.stdout.split())
     assert f"host RAM {18 * PSI / GiB:.2f} GiB per node, fits" in text
     assert "time not included: give --pcie-gbps" in text
+    assert "the optimizer steps on the host's CPU (time not predicted" in text
 
 
 def test_all_plans_lists_the_offload_plans_with_their_host_memory(tmp_path: Path) -> None:
