@@ -102,6 +102,8 @@ def collect(inputs: ReportInputs) -> ReportData:
     data = replace(data, importances=_importances(inputs, data.notes))
     rec = inputs.recommendation or (inputs.tune.recommendation if inputs.tune else None)
     data.summary.extend(_overview(data, rec))
+    if inputs.tune is not None and inputs.tune.wall_time is not None:
+        data.summary.append(("tune wall time", inputs.tune.wall_time.describe()))
     if rec is not None:
         data.recommendation.extend(_collect.recommendation_rows(rec))
         measured = rec.best.peak_memory_bytes if rec.best is not None else None

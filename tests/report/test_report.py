@@ -332,3 +332,16 @@ def test_report_never_imports_torch(files: dict[str, Path], tmp_path: Path) -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r.html").is_file()
+
+
+def test_a_tune_records_wall_time_is_in_the_summary() -> None:
+    from autotune.search._records import WallTime
+
+    wall = WallTime.of(total_s=451.3, profile_s=104.2, startup_s=7.2, trials_s=335.1,
+                       comparison_s=0.0)  # fmt: skip
+    tune = make_tune().model_copy(update={"wall_time": wall})
+    summary = dict(collect(ReportInputs(tune=tune)).summary)
+    assert summary["tune wall time"] == wall.describe()
+    assert "7 min 31 s" in summary["tune wall time"]
+    assert "tune wall time" not in dict(collect(ReportInputs(tune=make_tune())).summary)
+    assert wall.describe() in build_report(ReportInputs(tune=tune)).html
