@@ -303,14 +303,6 @@ def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value:.3g}"
 
 
-def samples_per_s_per_device(est: PlanEstimate) -> float | None:
-    """Predicted samples per second each device trains: samples per step / seconds / devices."""
-    seconds, plan = est.predicted_step_seconds, est.plan
-    if not seconds:
-        return None
-    return plan.micro_batch * plan.grad_accum / seconds
-
-
 def _reference(record: EstimateRecord) -> Plan:
     return record.baseline or record.plans[0].plan
 
@@ -407,7 +399,7 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
             *([size(est.host_bytes_per_node)] if hosted else []),
             fits,
             *(
-                [_seconds(est.predicted_step_seconds), _seconds(samples_per_s_per_device(est))]
+                [_seconds(est.predicted_step_seconds), _seconds(est.samples_per_s_per_device)]
                 if timed
                 else [
                     _ratio(est.predicted_step_time_ratio),

@@ -88,6 +88,14 @@ class PlanEstimate(_Record):
         description="seconds the offloaded optimizer steps on the host's CPU (the profile's "
         "probed Adam rate); None: nothing offloaded, or no rate probed",
     )
+
+    @property
+    def samples_per_s_per_device(self) -> float | None:
+        """Samples each device trains per second: micro-batch x accumulation / step seconds
+        (``None`` where the seconds are not predicted)."""
+        seconds, plan = self.predicted_step_seconds, self.plan
+        return plan.micro_batch * plan.grad_accum / seconds if seconds else None
+
     host_bytes_per_node: int = Field(
         default=0,
         description="host RAM the offloaded states take on each node (0: nothing offloaded)",

@@ -212,11 +212,7 @@ def _predict(builder: FactBuilder, before: Facts, plan: Plan, after: Plan) -> Pr
         fits_after=est_after.fits,
         step_time_ratio=ratio,
         step_seconds_after=est_after.predicted_step_seconds,
-        samples_per_s_per_device_after=(
-            after.micro_batch * after.grad_accum / est_after.predicted_step_seconds
-            if est_after.predicted_step_seconds
-            else None
-        ),
+        samples_per_s_per_device_after=est_after.samples_per_s_per_device,
         memory_source=est_after.source,
         time_source=time_source,
         host_bytes_after=est_after.host_bytes_per_node,

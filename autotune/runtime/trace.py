@@ -347,6 +347,9 @@ any micro-batch (a kernel whose fake/meta implementation differs from the real o
 ``_grouped_mm``'s dtype check, or data-dependent control flow). Only the last path's error
 reaches the user: it is the one ``autotune profile`` would meet too."""
 
+STATE_BYTES_PER_PARAMETER = 16
+"""A real fp32 step with Adam holds the parameter, its gradient and two moments."""
+
 SPREAD_BATCHES = 4
 """Batches a real-step trace counts at the larger size to see data-dependent activations
 (mixture-of-experts routing); the figures are then the largest of them."""
@@ -551,7 +554,7 @@ def facts_from_model_file(
     if real_step_limit is None:
         real_step_limit = real_step_room("cpu", "cpu")[0] or 0
     if meta is not None:
-        states = 16 * sum(p.numel() for p in meta.parameters())
+        states = STATE_BYTES_PER_PARAMETER * sum(p.numel() for p in meta.parameters())
         if states > real_step_limit:
             raise model_file.error(
                 f"no trace path can run without a real step of {states / 2**30:.1f} GiB of model "
@@ -583,10 +586,6 @@ def traced_activations(path: str | Path, precisions: tuple[str, ...]) -> dict[st
     if not precisions:
         return {}
     return facts_from_model_file(path, precisions=precisions, step=False).activations
-
-
-STATE_BYTES_PER_PARAMETER = 16
-"""A real fp32 step with Adam holds the parameter, its gradient and two moments."""
 
 
 def real_step_room(kind: str, device: str) -> tuple[int | None, str]:
