@@ -145,8 +145,9 @@ def model_file_facts(
     tensors, for plans running on ``device`` (``auto``: a GPU if this machine has one)."""
     from autotune.runtime.trace import facts_from_model_file
 
-    facts = facts_from_model_file(model_path, precisions=precisions)
-    return facts.model_copy(update={"device_type": device_type(device)})
+    kind = device_type(device)
+    facts = facts_from_model_file(model_path, precisions=precisions, cpu_scratch=kind == "cpu")
+    return facts.model_copy(update={"device_type": kind})
 
 
 def hf_config_facts(

@@ -35,7 +35,7 @@ from autotune.runtime import hf
 from autotune.runtime._blocks import apply_checkpointing, find_block_stack, unique_parameter_count
 from autotune.runtime._step import AUTOCAST, TrainRunner
 from autotune.runtime.modelfile import ModelFile, load_model_file
-from autotune.runtime.profiler import _model_info, tracked_step
+from autotune.runtime.profiler import _model_info, allocator_peak, tracked_step
 
 DEFAULT_PRECISIONS = ("fp32", "amp_bf16", "bf16")
 _AUTOCAST = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
@@ -511,6 +511,7 @@ def facts_from_model_file(
     batch_sizes: tuple[int, int] = (1, 2),
     real_step_limit: int | None = None,
     step: bool = True,
+    cpu_scratch: bool = False,
 ) -> ModelFacts:
     """A model file's activations at each precision, by the first of :data:`PATHS` that runs.
 
@@ -525,6 +526,8 @@ def facts_from_model_file(
             gradients, Adam's two moments: 16 per parameter); default: half the memory available.
         step: trace the whole training step too (``traced_moment``); without it only the
             activation figures are traced.
+        cpu_scratch: plans run on a CPU: a model with convolutions has its traced step's peak
+            re-based on c10's allocator over one real plain step (:func:`_with_cpu_scratch`).
 
     Raises:
         AutotuneError: anything wrong with the model file (what the real path meets), or
@@ -548,6 +551,13 @@ def facts_from_model_file(
             except Exception as exc:  # the trace's limit, not the user's mistake
                 failed.append(f"{name}: {_reason(exc)}")
                 continue
+            if cpu_scratch and traced.moment is not None and _has_convolutions(meta):
+                room = real_step_limit or real_step_room("cpu", "cpu")[0] or 0
+                states = STATE_BYTES_PER_PARAMETER * sum(p.numel() for p in meta.parameters())
+                if states <= room:
+                    moment = _with_cpu_scratch(model_file, traced.moment)
+                    traced = _Traced(traced.specs, moment, traced.counted)
+                    _notes.append(SCRATCH_NOTE)
             reasons = [*_notes, *(f"{f} failed" for f in failed)]
             label = name + (f" ({'; '.join(reasons)})" if reasons else "")
             return _model_file_facts(traced, seq_len, label)
@@ -565,6 +575,39 @@ def facts_from_model_file(
     why = "; ".join([*failed, bound])
     label = PATH_REAL.format(sizes=" and ".join(map(str, batch_sizes))) + f" ({why})"
     return _model_file_facts(traced, seq_len, label)
+
+
+SCRATCH_NOTE = (
+    "the step's peak re-based on c10's allocator over one real plain step (oneDNN scratch)"
+)
+
+
+def _has_convolutions(model: nn.Module) -> bool:
+    return any(isinstance(module, nn.modules.conv._ConvNd) for module in model.modules())
+
+
+def _with_cpu_scratch(model_file: ModelFile, moment: TracedMoment) -> TracedMoment:
+    """``moment`` re-based on c10's CPU allocator over one real plain step at its micro-batch.
+
+    oneDNN's convolutions allocate their scratch outside any tensor: a trace cannot see it
+    and a CPU profile's allocator peak holds it (:func:`autotune.runtime._memory.with_allocator_peak`).
+    So on a CPU, a model with convolutions (small enough for a real step) pays one warm-up and
+    one watched step, as ``autotune profile`` does, and the excess goes to temporaries.
+    """
+    size = moment.plan.micro_batch
+    runner = TrainRunner(model_file, micro_batch=size, checkpoint_blocks=moment.plan.checkpoint_blocks,
+                         precision=AUTOCAST[moment.plan.precision])  # fmt: skip
+    runner.close()
+    runner._batches = itertools.repeat(_first_batch(model_file, size))
+    try:
+        runner.step()
+        peak = allocator_peak(runner)
+    finally:
+        runner.close()
+    rebased = mem.with_allocator_peak(
+        mem.PeakResult(moment.peak, moment.at_peak, "cpu_live_tensors"), peak
+    )
+    return moment.model_copy(update={"peak": rebased.peak, "at_peak": rebased.at_peak})
 
 
 def _model_file_facts(traced: _Traced, seq_len: int | None, label: str) -> ModelFacts:

@@ -175,3 +175,23 @@ def test_whole_step_trace_predicts_the_profilers_peak(
     predicted = estimate_plan(facts, plan).memory.peak
     reference = reference_step(path, batch, checkpoint=checkpointed)
     assert predicted == pytest.approx(reference.peak, rel=0.05)
+
+
+def test_cpu_plans_of_a_cnn_carry_onednn_scratch_the_trace_cannot_see(tmp_path: Path) -> None:
+    # oneDNN's convolution scratch is no tensor: fake tensors miss it, c10's allocator holds it.
+    # For plans on a CPU the model-file road measures it with one real plain step, so its moment
+    # is the peak `autotune profile` measures at that micro-batch (a different run of the model).
+    from autotune.compose import profile_model
+    from autotune.runtime import hf
+
+    text, _, stem = hf.hf_model_file(hf_config=str(EXAMPLES / "zoo" / "resnet.json"), seq_len=64)
+    path = tmp_path / f"{stem}.py"
+    path.write_text(text, encoding="utf-8")
+    traced = facts_from_model_file(path, precisions=("fp32",)).traced_moment
+    moment = facts_from_model_file(path, precisions=("fp32",), cpu_scratch=True).traced_moment
+    assert traced is not None and moment is not None and moment.plan == traced.plan
+    assert moment.peak > traced.peak  # the scratch, beyond every tensor the trace counts
+    profiled = profile_model(path, batch_size=moment.plan.micro_batch, steps=1, warmup=1,
+                             device="cpu", trace=False)  # fmt: skip
+    assert profiled.memory.peak_source == "cpu_allocator"
+    assert moment.peak == pytest.approx(profiled.memory.peak, rel=0.01)
