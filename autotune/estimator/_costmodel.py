@@ -152,20 +152,26 @@ class BaselineTime:
             self.backward_fixed + (self.backward - self.backward_fixed) * scale,
         )
 
-    def on_cores(self, factor: float) -> BaselineTime:
-        """The compute phases (forward, backward, optimizer, recompute) ``factor`` times longer:
-        a rank given ``1 / factor`` of the cores the baseline ran on; data loading unchanged."""
+    def compute_scaled(self, factor: float) -> BaselineTime:
+        """Forward, backward and recompute ``factor`` times longer, the optimizer step and data
+        loading unchanged: the same step with its matmuls in another dtype (the optimizer steps
+        fp32 master weights either way)."""
         if factor == 1.0:
             return self
         return replace(
             self,
             forward=self.forward * factor,
             backward=self.backward * factor,
-            optimizer=self.optimizer * factor,
             recompute_fixed=self.recompute_fixed * factor,
             forward_fixed=self.forward_fixed * factor,
             backward_fixed=self.backward_fixed * factor,
         )
+
+    def on_cores(self, factor: float) -> BaselineTime:
+        """The compute phases (forward, backward, optimizer, recompute) ``factor`` times longer:
+        a rank given ``1 / factor`` of the cores the baseline ran on; data loading unchanged."""
+        scaled = self.compute_scaled(factor)
+        return scaled if factor == 1.0 else replace(scaled, optimizer=self.optimizer * factor)
 
     @property
     def step(self) -> float:

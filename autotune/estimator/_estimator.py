@@ -187,8 +187,12 @@ def _step_ratio(
     ``host_step``: the seconds of an optimizer step offloaded to the host, or why unknown.
     """
     base, source = _baseline_time(facts, reference)
+    note = None
     if source == "measured" and plan.precision != reference.precision:
-        return None, None, None, "step time of another precision needs a profile at that precision"
+        factor, note = _precision_factor(facts, reference.precision, plan.precision)
+        if factor is None:
+            return None, None, None, note
+        base = base.compute_scaled(factor)
     host_seconds, why = host_step
     if source == "measured" and why:
         return None, None, None, why
@@ -208,7 +212,36 @@ def _step_ratio(
         grad_accum=reference.grad_accum,
         checkpoint_blocks=reference.checkpoint_blocks,
     )
-    return seconds / ref, seconds if source == "measured" else None, source, None
+    return seconds / ref, seconds if source == "measured" else None, source, note
+
+
+_BF16_MATMULS = {"bf16", "amp_bf16"}
+"""Precisions whose matmuls run in bf16 (weights in bf16, or autocast)."""
+
+
+def _precision_factor(facts: ModelFacts, measured: str, plan: str) -> tuple[float | None, str]:
+    """How much longer ``plan``'s forward and backward take than the ``measured`` precision's,
+    and the note that says so: the share of them that is matmuls at the device's peak
+    (``Baseline.matmul_share``, all of it where unknown) runs at the profile's bf16:fp32 matmul
+    speed, the rest as measured. ``(None, why)`` where no measured rate links the two (fp16)."""
+    matmuls = {name: "bf16" if name in _BF16_MATMULS else name for name in (measured, plan)}
+    if matmuls[measured] == matmuls[plan]:
+        return 1.0, (
+            f"step time at {plan} from the {measured} profile's: the same bf16 matmuls, "
+            "autocast's casts not counted"
+        )
+    base = facts.baseline
+    ratio = base.bf16_speed_ratio if base else None
+    if base is None or ratio is None or {matmuls[measured], matmuls[plan]} != {"bf16", "fp32"}:
+        return None, "step time of another precision needs a profile at that precision"
+    speed = ratio if matmuls[plan] == "bf16" else 1.0 / ratio
+    share = base.matmul_share if base.matmul_share is not None else 1.0
+    factor = 1.0 - share + share / speed
+    return factor, (
+        f"step time at {plan} from the {measured} profile's: forward and backward x{factor:.2f}, "
+        f"their matmuls ({share:.0%} of them at the device's peak) at the profile's measured "
+        f"bf16:fp32 matmul speed ({ratio:.2f}), the rest and the optimizer's fp32 step unchanged"
+    )
 
 
 def cpu_core_share(facts: ModelFacts, plan: Plan) -> float:

@@ -97,6 +97,20 @@ class Baseline(_Record):
     threads: int | None = Field(
         default=None, description="the CPU threads the measured steps ran on (a CPU device)"
     )
+    bf16_speed_ratio: float | None = Field(
+        default=None,
+        description="measured: a bf16 matmul's speed over an fp32 one's on the profiled device "
+        "(a plan at the other precision has its compute scaled by it); None: not measured, or "
+        "flagged impossible",
+    )
+    matmul_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="the share of forward and backward the step's FLOPs take at the device's peak "
+        "(measured matmul rate or datasheet): the part a faster matmul dtype speeds up (a lower "
+        "bound); None: no FLOP count or peak",
+    )
 
 
 class ModelFacts(_Record):
@@ -219,10 +233,32 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             tokens_per_s=profile.throughput.tokens_per_s,
             host_adam_per_s=profile.environment.host_adam_per_s,
             threads=profile.environment.threads,
+            bf16_speed_ratio=_bf16_ratio(profile),
+            matmul_share=_matmul_share(profile),
         ),
         peak_flops_per_s=profile.compute.peak_flops_per_s,
         device_type=profile.config.device,
     )
+
+
+def _bf16_ratio(profile: ProfileRecord) -> float | None:
+    """The profile's measured bf16:fp32 matmul speed, unless its bounds flag it impossible."""
+    from autotune.estimator._bounds import BF16_RATIO_FIGURE, flagged_figures
+
+    if BF16_RATIO_FIGURE in flagged_figures(profile):
+        return None
+    return profile.environment.capabilities.bf16_fp32_speed_ratio
+
+
+def _matmul_share(profile: ProfileRecord) -> float | None:
+    """The measured step's forward and backward share spent in matmuls, were they at the peak:
+    its hardware FLOPs over the peak FLOP/s, over those phases' seconds (at most 1)."""
+    flops = profile.compute.hardware_flops_per_step or profile.compute.flops_per_step
+    peak, time = profile.compute.peak_flops_per_s, profile.time
+    compute = time.forward + time.backward
+    if not flops or not peak or compute <= 0:
+        return None
+    return min(1.0, flops / peak / compute)
 
 
 def with_activations(facts: ModelFacts, specs: dict[str, ActivationSpec]) -> ModelFacts:

@@ -143,13 +143,37 @@ def test_time_ratio_counts_recompute_and_accumulation() -> None:
     assert 1.0 < ckpt.predicted_step_time_ratio <= 1.3  # at most one more forward (0.3 s of 1 s)
 
 
-def test_another_precision_has_no_measured_time_but_formula_activations() -> None:
-    facts = facts_from_profile(make_profile())
+def test_another_precision_has_no_measured_time_without_a_matmul_rate() -> None:
+    facts = facts_from_profile(make_profile())  # no bf16:fp32 matmul speed measured
     result = estimate_plan(facts, Plan(micro_batch=4, precision="bf16"))
     assert result.predicted_step_time_ratio is None
     assert result.source == "formula"
     assert result.accounting == "deepspeed"
     assert any("precision" in note for note in result.notes)
+
+
+def test_bf16_plan_from_fp32_profile_scales_compute_by_the_measured_matmul_speed() -> None:
+    profile = make_profile()
+    caps = profile.environment.capabilities.model_copy(update={"bf16_fp32_speed_ratio": 2.0})
+    env = profile.environment.model_copy(update={"capabilities": caps})
+    facts = facts_from_profile(profile.model_copy(update={"environment": env}))
+    # the hand profile's phases: data 0.05, forward 0.3, backward 0.55, optimizer 0.1 s
+    same = estimate_plan(facts, Plan(micro_batch=4))
+    assert same.predicted_step_seconds == pytest.approx(0.05 + 0.3 + 0.55 + 0.1)
+    for precision in ("bf16", "amp_bf16"):
+        bf16 = estimate_plan(facts, Plan(micro_batch=4, precision=precision))
+        # matmuls twice as fast: forward and backward halve, data and fp32 optimizer step do not
+        assert bf16.predicted_step_seconds == pytest.approx(0.05 + (0.3 + 0.55) / 2 + 0.1)
+        assert any("bf16:fp32 matmul speed (2.00)" in note for note in bf16.notes)
+    fp16 = estimate_plan(facts, Plan(micro_batch=4, precision="fp16"))
+    assert fp16.predicted_step_seconds is None  # no fp16 rate measured
+
+    # the step's 1e9 FLOPs at a peak of 1e9 / 0.425 FLOP/s take half its 0.85 s of forward and
+    # backward: only that half runs twice as fast
+    compute = profile.compute.model_copy(update={"peak_flops_per_s": 1e9 / 0.425})
+    half = facts_from_profile(profile.model_copy(update={"environment": env, "compute": compute}))
+    bf16 = estimate_plan(half, Plan(micro_batch=4, precision="bf16"))
+    assert bf16.predicted_step_seconds == pytest.approx(0.05 + 0.425 + 0.425 / 2 + 0.1)
 
 
 def test_fits_against_a_budget_with_the_margin() -> None:

@@ -1,0 +1,293 @@
+"""Predicted against measured seconds per optimizer step, across plans (issue 32).
+
+Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/step_time.py MODEL --nproc-per-node 2 \\
+           --global-batch 8 --profile-batch 1 --measurements FILE [--rounds 2] [--profile PROFILE] \\
+           [--grid "engines=zero0,zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 \\
+                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...]
+
+Predicted: ``estimate(plan).predicted_step_seconds`` of one profile (``--profile``, else FILE's
+``.profile.json``, measured once), on the link the trials' ranks swept (as tune relinks). Measured:
+each plan ``--rounds`` times in one live worker group, round r in an order rotated by r; a trial's
+median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
+without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and the first
+link by model sha256 and plan JSON, written after every trial; a plan with its rounds there is not
+run again, so a run resumes and a changed estimate re-prints against the same measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from zero_peaks import ENGINES, REPO, grid_plans
+
+ENGINES.setdefault("zero0", "stage=0")  # grid_plans reads the table when called
+MB_KEYS = ("mb", "micro_batch", "micro_batch_size")
+
+
+def _refuse(message: str) -> NoReturn:
+    print(f"autotune: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        _refuse(message)
+
+
+def _arguments() -> argparse.Namespace:
+    parser = _Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--nproc-per-node", type=int, default=2)
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--profile-batch", type=int, default=1)
+    parser.add_argument("--grid", help="engines=zero0,...,fsdp2-3 precision=... ckpt=... ga=... mb=...")  # fmt: skip
+    parser.add_argument("--plans", nargs="+", default=[])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--measurements", type=Path, required=True, help="JSON file, kept and reused")  # fmt: skip
+    parser.add_argument("--profile", type=Path, help="a saved ProfileRecord JSON (default: measure)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per trial")
+    args = parser.parse_args()
+    if not Path(args.model).is_file():
+        _refuse(f"MODEL {args.model}: no such model file")
+    for flag in ("nproc_per_node", "global_batch", "profile_batch", "rounds"):
+        if getattr(args, flag) < 1:
+            _refuse(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
+    if not args.plans and not args.grid:
+        _refuse("--grid / --plans: give at least one")
+    if not args.measurements.parent.is_dir():
+        _refuse(f"--measurements {args.measurements}: no folder {args.measurements.parent}")
+    return args
+
+
+def make_plans(args: argparse.Namespace, blocks: int | None) -> list[Any]:
+    """The plans of ``--plans`` then ``--grid``, each once; without an ``mb`` the micro-batch
+    is ``--global-batch`` / ranks / ga. ``blocks``: L, ``None`` before it is known (a check).
+
+    Raises:
+        AutotuneError: a bad plan or grid text, or a global batch that does not divide, naming the flag.
+    """
+    from autotune.records import AutotuneError, Plan, parse_plan
+
+    texts = [(text, "--plans", any(f"{k}=" in text for k in MB_KEYS)) for text in args.plans]
+    if args.grid:
+        try:
+            grid = grid_plans(args.grid, blocks or 2)
+        except ValueError as error:
+            raise AutotuneError(str(error)) from None
+        given = any(item.startswith("mb=") for item in args.grid.split())
+        texts += [(text, "--grid", given) for text in grid]
+    plans: list[Any] = []
+    for text, flag, given in texts:
+        plan = parse_plan(
+            text, Plan(nproc_per_node=args.nproc_per_node), flag, blocks=blocks or "later"
+        )
+        if not given:
+            samples = plan.world_size * plan.grad_accum
+            if args.global_batch % samples:
+                raise AutotuneError(f"--global-batch {args.global_batch}: not a multiple of "
+                                    f"{plan.world_size} ranks x ga={plan.grad_accum}")  # fmt: skip
+            plan = plan.with_changes(micro_batch=args.global_batch // samples)
+        plans += [plan] if plan not in plans else []
+    return plans
+
+
+def _kept_profile(args: argparse.Namespace, sha: str) -> Any:
+    """``--profile``, else the profile kept beside the measurements if of this model file."""
+    from autotune.records import ProfileRecord, read_record
+
+    path = args.profile or args.measurements.with_suffix(".profile.json")
+    if not path.exists():
+        return None
+    record = read_record(path, ProfileRecord, "profile")
+    if record.provenance.model_sha256 != sha and args.profile is None:
+        return None  # the model file changed: profile it again
+    print(f"profile: {path} (micro-batch {record.config.batch_size})")
+    return record
+
+
+def _profile(args: argparse.Namespace, model: str) -> Any:
+    """A fresh profile, saved beside the measurements (the prediction reproducible)."""
+    from autotune import compose
+    from autotune.records import write_record
+
+    print(f"profiling {Path(model).name} at micro-batch {args.profile_batch} ...", flush=True)
+    record = compose.profile_model(model, batch_size=args.profile_batch, steps=3, warmup=1,
+                                   device="cpu")  # fmt: skip
+    print(f"profile: {write_record(args.measurements.with_suffix('.profile.json'), record)}")
+    return record
+
+
+def _link(link: Any) -> str:
+    return f"{link.latency_s * 1e6:.0f} us + {link.gbps:.3g} Gbit/s bus ({link.backend})"
+
+
+def _save(path: Path, kept: dict[str, Any]) -> None:
+    """Whole or not at all (an interrupt mid-write keeps the last file)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(kept, indent=1))
+    partial.replace(path)
+
+
+def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[str, Any],
+            kept: dict[str, Any]) -> None:  # fmt: skip
+    """Run each plan until it has ``--rounds`` rounds in ``entry`` (round r rotated by r)."""
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
+    from autotune.search import PoolRunner, TrialSettings
+    from autotune.search._outcome import classify_outcome
+
+    seconds = entry.setdefault("seconds", {})
+    todo = sum(max(0, args.rounds - len(seconds.get(p.model_dump_json(), []))) for p in plans)
+    print(f"{len(plans)} plans, {todo} trials to run ({len(plans) * args.rounds - todo} kept in "
+          f"{args.measurements})", flush=True)  # fmt: skip
+    if not todo:
+        return
+    settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu",
+                             timeout_s=args.timeout)  # fmt: skip
+    done = 0
+    with tempfile.TemporaryDirectory() as tmp, PoolRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp)) as pool:  # fmt: skip
+        print(f"worker group of {args.nproc_per_node} ranks started in "
+              f"{pool.warm_up(plans[:1], settings):.0f} s", flush=True)  # fmt: skip
+        for index in range(args.rounds):
+            shift = index % len(plans)
+            for plan in plans[shift:] + plans[:shift]:
+                runs = seconds.setdefault(plan.model_dump_json(), [])
+                if len(runs) > index:
+                    continue
+                done += 1
+                print(f"[{done}/{todo}] round {index + 1}: {plan.describe()} ... ", end="", flush=True)  # fmt: skip
+                run = pool.run(plan, settings)
+                result = run.result
+                outcome = classify_outcome(run.returncode, run.timed_out, result, run.stderr_tail)
+                if outcome != "ok" or result is None or result.step_time is None:
+                    last = [line for line in run.stderr_tail.splitlines() if line.strip()][-1:]
+                    print(f"{outcome}: {(result and result.error) or ''.join(last)[:160]}")
+                    continue
+                print(f"{result.step_time:.3f} s/step ({run.duration_s:.0f} s)", flush=True)
+                runs.append(result.step_time)
+                if entry.get("link") is None and result.link is not None:
+                    entry["link"] = result.link.model_dump(mode="json")
+                    print(f"link swept by the ranks: {_link(result.link)}")
+                _save(args.measurements, kept)
+
+
+def rank_correlation(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rho (scipy is not in the venv): Pearson's r of the ranks, tied values at
+    their mean rank, as ``scipy.stats.spearmanr``; ``None`` where either side is constant."""
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(values)
+        return [order.index(value) + (order.count(value) - 1) / 2 for value in values]
+
+    rx, ry = ranks(xs), ranks(ys)
+    return statistics.correlation(rx, ry) if len(set(rx)) > 1 and len(set(ry)) > 1 else None
+
+
+def print_table(composition: Any, plans: list[Any], seconds: dict[str, list[float]]) -> None:
+    """The table, the plans without a prediction or a measurement, and the error statistics."""
+    print("\n| plan | predicted s/step | measured s/step: median [min, max] | error % "
+          "| predicted samples/s/device | measured samples/s/device |\n|---|---|---|---|---|---|")  # fmt: skip
+    pairs: list[tuple[float, float, float]] = []
+    unpredicted: list[str] = []
+    unmeasured: list[str] = []
+    for plan in plans:
+        est, runs = composition.estimate(plan), seconds.get(plan.model_dump_json(), [])
+        predicted, samples = est.predicted_step_seconds, plan.micro_batch * plan.grad_accum
+        measured = statistics.median(runs) if runs else None
+        error = predicted / measured - 1 if predicted and measured else None
+        cells = [
+            plan.describe(),
+            f"{predicted:.3f}" if predicted else "–",
+            f"{measured:.3f} [{min(runs):.3f}, {max(runs):.3f}] ({len(runs)})" if measured else "–",
+            f"{100 * error:+.1f}" if error is not None else "–",
+            f"{est.samples_per_s_per_device:.2f}" if predicted else "–",
+            f"{samples / measured:.2f}" if measured else "–",
+        ]
+        print("| " + " | ".join(cells) + " |")
+        if predicted is None:
+            unpredicted.append(f"{plan.describe()}: {est.time_source}; {'; '.join(est.notes)}")
+        elif measured is None:
+            unmeasured.append(plan.describe())
+        else:
+            pairs.append((predicted, measured, predicted / measured - 1))
+    print(f"\n{len(unpredicted)} plans without a prediction (left out):")
+    print("".join(f"  {line}\n" for line in unpredicted), end="")
+    print(f"{len(unmeasured)} plans without an ok measurement: {', '.join(unmeasured) or '–'}")
+    if not pairs:
+        return
+    size = sorted(abs(error) for _, _, error in pairs)
+    rho = rank_correlation([p for p, _, _ in pairs], [m for _, m, _ in pairs])
+    p90 = size[min(len(size) - 1, round(0.9 * (len(size) - 1)))]
+    print(f"{len(pairs)} plans compared: |error| median {100 * statistics.median(size):.1f} %, "
+          f"p90 {100 * p90:.1f} %; Spearman rank correlation of predicted and measured seconds "
+          f"{'–' if rho is None else f'{rho:.3f}'}")  # fmt: skip
+
+
+def _provenance() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown")  # fmt: skip
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "autotune"], capture_output=True, text=True)  # fmt: skip
+    changed = " (autotune/ has uncommitted changes)" if dirty.stdout else ""
+    return f"CPU: {cpu} ({os.cpu_count()} cores); git {head.stdout.strip()}{changed}"
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    args = _arguments()
+    from autotune import compose
+    from autotune.records import AutotuneError, LinkMeasure, Machine, read_json
+
+    started, load = time.monotonic(), _load()
+    model = str(Path(args.model).resolve())
+    sha = hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    try:
+        make_plans(args, blocks=None)  # every text checked before any profiling; L is known after
+        record = _kept_profile(args, sha)
+        kept = read_json(args.measurements, "measurements") if args.measurements.exists() else {}
+    except AutotuneError as error:
+        _refuse(str(error))
+    try:
+        record = record or _profile(args, model)
+        stack = record.model.block_stack
+        plans = make_plans(args, stack.count if stack else 1)
+        entry = kept.setdefault(sha, {"model": model})
+        measure(args, model, plans, entry, kept)
+    except AutotuneError as error:
+        print(f"autotune: {error}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; the rounds measured are kept in {args.measurements}", file=sys.stderr)  # fmt: skip
+        sys.exit(130)
+    machine = Machine(device="cpu", nproc_per_node=args.nproc_per_node)
+    composition = compose.compose(record, machine=machine)
+    if entry.get("link") is not None:
+        swept = LinkMeasure.model_validate(entry["link"])
+        composition = composition.on_link(swept)
+        print(f"communication timed on the link the ranks swept: {_link(swept)}")
+    print(f"model {Path(model).name} ({record.model.parameters:,} parameters), profiled at "
+          f"micro-batch {record.config.batch_size}; {args.nproc_per_node} ranks on cpu")  # fmt: skip
+    for figure, why in record.flags.items():
+        print(f"profile flag {figure}: {why}")
+    print_table(composition, plans, entry["seconds"])
+    print(f"load average (1/5/15 min): {load} at start, {_load()} at end; "
+          f"{time.monotonic() - started:.0f} s")  # fmt: skip
+    print(f"command: {' '.join(sys.argv)}")
+    print(_provenance())
+
+
+if __name__ == "__main__":
+    main()
