@@ -221,9 +221,11 @@ _BF16_MATMULS = {"bf16", "amp_bf16"}
 
 def _precision_factor(facts: ModelFacts, measured: str, plan: str) -> tuple[float | None, str]:
     """How much longer ``plan``'s forward and backward take than the ``measured`` precision's,
-    and the note that says so: the share of them that is matmuls at the device's peak
-    (``Baseline.matmul_share``, all of it where unknown) runs at the profile's bf16:fp32 matmul
-    speed, the rest as measured. ``(None, why)`` where no measured rate links the two (fp16)."""
+    and the note that says so: as the profile measured the model's own forward and backward in
+    bf16 autocast against fp32 (``Baseline.bf16_over_fp32``); else (an older profile) the share
+    of them that is matmuls at the device's peak (``Baseline.matmul_share``, all of it where
+    unknown) at the profile's bf16:fp32 matmul speed, the rest as measured. ``(None, why)``
+    where nothing measured links the two (fp16)."""
     matmuls = {name: "bf16" if name in _BF16_MATMULS else name for name in (measured, plan)}
     if matmuls[measured] == matmuls[plan]:
         return 1.0, (
@@ -231,8 +233,17 @@ def _precision_factor(facts: ModelFacts, measured: str, plan: str) -> tuple[floa
             "autocast's casts not counted"
         )
     base = facts.baseline
-    ratio = base.bf16_speed_ratio if base else None
-    if base is None or ratio is None or {matmuls[measured], matmuls[plan]} != {"bf16", "fp32"}:
+    if base is None or {matmuls[measured], matmuls[plan]} != {"bf16", "fp32"}:
+        return None, "step time of another precision needs a profile at that precision"
+    if base.bf16_over_fp32 is not None:
+        factor = base.bf16_over_fp32 if matmuls[plan] == "bf16" else 1.0 / base.bf16_over_fp32
+        return factor, (
+            f"step time at {plan} from the {measured} profile's: forward and backward x"
+            f"{factor:.2f}, as the profile measured the model's own in bf16 autocast against "
+            "fp32; the optimizer's fp32 step unchanged"
+        )
+    ratio = base.bf16_speed_ratio
+    if ratio is None:
         return None, "step time of another precision needs a profile at that precision"
     speed = ratio if matmuls[plan] == "bf16" else 1.0 / ratio
     share = base.matmul_share if base.matmul_share is not None else 1.0

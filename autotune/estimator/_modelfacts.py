@@ -103,6 +103,12 @@ class Baseline(_Record):
         "(a plan at the other precision has its compute scaled by it); None: not measured, or "
         "flagged impossible",
     )
+    bf16_over_fp32: float | None = Field(
+        default=None,
+        gt=0,
+        description="measured: the model's forward and backward in bf16 autocast over fp32 "
+        "(the profile's probe); None: not measured",
+    )
     matmul_share: float | None = Field(
         default=None,
         ge=0,
@@ -234,6 +240,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             host_adam_per_s=profile.environment.host_adam_per_s,
             threads=profile.environment.threads,
             bf16_speed_ratio=_bf16_ratio(profile),
+            bf16_over_fp32=time.bf16_over_fp32,
             matmul_share=_matmul_share(profile),
         ),
         peak_flops_per_s=profile.compute.peak_flops_per_s,

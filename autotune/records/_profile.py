@@ -207,6 +207,14 @@ class StepTime(_Record):
     optimizer: float
     spread: Spread
     steps_measured: int
+    bf16_over_fp32: float | None = Field(
+        None,
+        gt=0,
+        description="measured: the model's forward and backward of one micro-batch in bf16 "
+        "autocast over fp32 (the profile's own precision from its timed steps, the other timed "
+        "once after a warm-up); <1: bf16 is faster; None: not measured (see "
+        "environment.unavailable)",
+    )
 
 
 class Throughput(_Record):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -105,6 +106,7 @@ def profile(
         if checkpointing:
             _checkpoint_all(runner)
         timings = _timed_steps(runner, steps, warmup, report)
+        bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
         memory, samples_seen = _measure_memory(runner, report)
         compute = _measure_compute(runner, checkpointing)
     finally:
@@ -113,7 +115,10 @@ def profile(
     peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
     environment, refused = _environment(device_obj, timings, peak_reason)
     report("environment", 1, 1)
-    step_time = timings.summary()
+    step_time = timings.summary().model_copy(update={"bf16_over_fp32": bf16_over_fp32})
+    if bf16_reason:
+        unavailable = {**environment.unavailable, "time.bf16_over_fp32": bf16_reason}
+        environment = environment.model_copy(update={"unavailable": unavailable})
     tokens = model_file.tokens_per_sample(samples_seen)
     record = ProfileRecord(
         config=ProfileConfig(
@@ -196,6 +201,46 @@ def _timed_steps(runner: TrainRunner, steps: int, warmup: int, report: Progress)
     timings = _Timings(measured)
     timings.nvml, timings.nvml_reason = sampler.result(), sampler.reason
     return timings
+
+
+_COUNTERPART: dict[str, StepPrecision] = {"fp32": "bf16", "bf16": "fp32"}
+SLOW_COUNTERPART = 4.0
+"""A counterpart's first forward and backward over this many times the profile's own is kept as
+it is (bf16 on a CPU without bf16 units): no more are paid for."""
+
+
+def _bf16_over_fp32(
+    runner: TrainRunner, own: StepTime, report: Progress
+) -> tuple[float | None, str | None]:
+    """The model's forward and backward in bf16 autocast over fp32, measured: one micro-batch at
+    the profile's counterpart precision (bf16 autocast for an fp32 profile, fp32 for a bf16 one),
+    timed after one warm-up, against the timed steps' median forward and backward. What a plan
+    at the other precision scales its compute by; ``(None, why)`` where it cannot be measured."""
+    other = _COUNTERPART.get(runner.precision)
+    compute = own.forward + own.backward
+    if other is None or compute <= 0:
+        return None, f"no bf16 / fp32 counterpart of a {runner.precision} profile"
+    if runner.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return None, "the GPU has no bf16"
+    report("bf16 / fp32 compute", 0, 1)
+    batch, own_precision = runner.next_batch(), runner.precision
+    seconds: list[float] = []
+    runner.precision = other
+    try:
+        while len(seconds) < 3 and (not seconds or seconds[0] < SLOW_COUNTERPART * compute):
+            dev.synchronize(runner.device)
+            start = time.perf_counter()
+            runner.backward(runner.forward(batch))
+            dev.synchronize(runner.device)
+            seconds.append(time.perf_counter() - start)
+    except (RuntimeError, AutotuneError) as exc:  # out of memory, or a model that refuses it
+        return None, f"the {other} forward and backward failed: {type(exc).__name__}"
+    finally:
+        runner.precision = own_precision
+        runner.optimizer.zero_grad(set_to_none=True)
+    report("bf16 / fp32 compute", 1, 1)
+    ratio = min(seconds[1:] or seconds) / compute
+    return (ratio if other == "bf16" else 1.0 / ratio), None
 
 
 @dataclass(frozen=True)

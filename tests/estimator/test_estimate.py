@@ -175,6 +175,15 @@ def test_bf16_plan_from_fp32_profile_scales_compute_by_the_measured_matmul_speed
     bf16 = estimate_plan(half, Plan(micro_batch=4, precision="bf16"))
     assert bf16.predicted_step_seconds == pytest.approx(0.05 + 0.425 + 0.425 / 2 + 0.1)
 
+    # a profile that timed the model's own bf16 forward and backward (0.4x fp32's) uses that
+    time = profile.time.model_copy(update={"bf16_over_fp32": 0.4})
+    probed = facts_from_profile(
+        profile.model_copy(update={"environment": env, "compute": compute, "time": time})
+    )
+    for precision in ("bf16", "amp_bf16"):
+        bf16 = estimate_plan(probed, Plan(micro_batch=4, precision=precision))
+        assert bf16.predicted_step_seconds == pytest.approx(0.05 + 0.85 * 0.4 + 0.1)
+
 
 def test_fits_against_a_budget_with_the_margin() -> None:
     facts = facts_from_profile(make_profile())

@@ -221,3 +221,58 @@ def test_profile_leaves_no_tensor_of_the_model_alive(examples_dir: Path) -> None
     before = cpu_tensors()
     profile(str(examples_dir / "tiny_llama.py"), batch_size=2, steps=1, warmup=1, device="cpu")
     assert cpu_tensors() - before == set()
+
+
+SLEEPY = '''
+import time
+
+import torch
+from torch import nn
+
+FP32_S, BF16_S = 0.04, 0.01
+
+
+class Sleepy(nn.Module):
+    """Its forward sleeps 40 ms in fp32 and 10 ms under bf16 autocast: bf16 at a known 1/4."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x):
+        time.sleep(BF16_S if torch.is_autocast_enabled("cpu") else FP32_S)
+        return self.linear(x)
+
+
+def build_model():
+    return Sleepy()
+
+
+def build_batch(batch_size):
+    return torch.randn(batch_size, 4)
+
+
+def loss_fn(model, batch):
+    return model(batch).float().pow(2).mean()
+'''
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_profile_measures_the_models_own_bf16_over_fp32_compute(
+    precision: str, tmp_path: Path
+) -> None:
+    # a model whose forward takes a known time at each precision (sleeps, nothing else): the
+    # probe's ratio comes out as the sleeps' 1/4 whichever precision the profile ran at
+    path = tmp_path / "sleepy.py"
+    path.write_text(SLEEPY)
+    record = profile(path, batch_size=2, steps=3, warmup=1, device="cpu", precision=precision)  # type: ignore[arg-type]
+    assert record.time.bf16_over_fp32 == pytest.approx(0.25, rel=0.3)
+    assert "time.bf16_over_fp32" not in record.environment.unavailable
+
+
+def test_fp16_profile_says_why_it_has_no_bf16_probe(tmp_path: Path) -> None:
+    path = tmp_path / "sleepy.py"
+    path.write_text(SLEEPY)
+    record = profile(path, batch_size=2, steps=1, warmup=0, device="cpu", precision="fp16")
+    assert record.time.bf16_over_fp32 is None
+    assert "fp16" in record.environment.unavailable["time.bf16_over_fp32"]
