@@ -214,7 +214,7 @@ def _bf16_over_fp32(
 ) -> tuple[float | None, str | None]:
     """The model's forward and backward in bf16 autocast over fp32, measured: one micro-batch at
     the profile's counterpart precision (bf16 autocast for an fp32 profile, fp32 for a bf16 one),
-    timed after one warm-up, against the timed steps' median forward and backward. What a plan
+    the faster of two after one warm-up, against the timed steps' median forward and backward. What a plan
     at the other precision scales its compute by; ``(None, why)`` where it cannot be measured."""
     other = _COUNTERPART.get(runner.precision)
     compute = own.forward + own.backward
