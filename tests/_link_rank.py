@@ -27,7 +27,7 @@ from torch import nn
 WIDTH = 512
 BLOCKS = 4
 BATCH = 4
-ROUNDS = 5
+ROUNDS = 9
 STEPS = 2
 """Optimizer steps per timed window; windows alternate shaped/open, ROUNDS pairs per plan."""
 COUNTED = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",

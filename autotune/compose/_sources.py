@@ -105,7 +105,8 @@ def short_profiles(
     """Two short profiles of a model file: at micro-batch ``min(2, per_rank)`` (traced beside,
     :func:`profile_model`), and at up to 4x that where the per-rank batch is larger (``None``
     otherwise), so the step-time model splits each phase into a fixed part per micro-batch and
-    a part per sample, which is what ranks micro-batches of one global batch."""
+    a part per sample, which is what ranks micro-batches of one global batch. The second
+    measures step time only: the host's Adam rate and the bf16 / fp32 compute are the first's."""
     first = profile_model(model_path, batch_size=min(SHORT_BATCH, per_rank),
                           steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
                           device=device)  # fmt: skip
@@ -113,7 +114,7 @@ def short_profiles(
     if batch <= first.config.batch_size:
         return first, None
     second = profile_model(model_path, trace=False, batch_size=batch, steps=TIME_PROFILE_STEPS,
-                           warmup=SHORT_PROFILE_WARMUP, device=device)  # fmt: skip
+                           warmup=SHORT_PROFILE_WARMUP, device=device, probes=False)  # fmt: skip
     return first, second
 
 

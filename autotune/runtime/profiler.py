@@ -77,6 +77,7 @@ def profile(
     progress: Progress | None = None,
     command: str | None = None,
     label: str | None = None,
+    probes: bool = True,
 ) -> ProfileRecord:
     """Measure the model file's training step: memory, time, compute, environment.
 
@@ -92,6 +93,8 @@ def profile(
         command: the command line to record (default: ``sys.argv``).
         label: how the record names the model (default: the file's path); e.g.
             ``hf-config CONFIG --seq-len N`` for a generated model file.
+        probes: also measure the host's Adam rate and the model's bf16 / fp32 compute; a
+            second profile that only refines the step time (tune's) leaves them to the first.
 
     Raises:
         AutotuneError: a bad option or anything wrong with the model file.
@@ -106,14 +109,16 @@ def profile(
         if checkpointing:
             _checkpoint_all(runner)
         timings = _timed_steps(runner, steps, warmup, report)
-        bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
+        bf16_over_fp32, bf16_reason = (
+            _bf16_over_fp32(runner, timings.summary(), report) if probes else (None, NOT_PROBED)
+        )
         memory, samples_seen = _measure_memory(runner, report)
         compute = _measure_compute(runner, checkpointing)
     finally:
         runner.close()
     report("environment", 0, 1)
     peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
-    environment, refused = _environment(device_obj, timings, peak_reason)
+    environment, refused = _environment(device_obj, timings, peak_reason, probes)
     report("environment", 1, 1)
     step_time = timings.summary().model_copy(update={"bf16_over_fp32": bf16_over_fp32})
     if bf16_reason:
@@ -203,6 +208,7 @@ def _timed_steps(runner: TrainRunner, steps: int, warmup: int, report: Progress)
     return timings
 
 
+NOT_PROBED = "not probed: a profile that only refines another's step time"
 _COUNTERPART: dict[str, StepPrecision] = {"fp32": "bf16", "bf16": "fp32"}
 SLOW_COUNTERPART = 4.0
 """A counterpart's first forward and backward over this many times the profile's own is kept as
@@ -462,11 +468,11 @@ def _capabilities(device: torch.device) -> tuple[Capabilities, str | None]:
 
 
 def _environment(
-    device: torch.device, timings: _Timings, peak_reason: str | None
+    device: torch.device, timings: _Timings, peak_reason: str | None, probes: bool = True
 ) -> tuple[Environment, dict[str, str]]:
     """The environment, and the figures refused as impossible (dotted key -> why)."""
     versions = dev.versions()
-    unavailable: dict[str, str] = {}
+    unavailable: dict[str, str] = {} if probes else {"host_adam_per_s": NOT_PROBED}
     capabilities, refused = _capabilities(device)
     if refused:
         unavailable["capabilities.bf16_fp32_speed_ratio"] = refused
@@ -492,7 +498,7 @@ def _environment(
         capabilities=capabilities,
         nvml=timings.nvml,
         threads=torch.get_num_threads(),
-        host_adam_per_s=host.host_adam_rate(),
+        host_adam_per_s=host.host_adam_rate() if probes else None,
         unavailable=unavailable,
     )
     return environment, {BF16_RATIO_FIGURE: refused} if refused else {}
