@@ -239,7 +239,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             tokens_per_s=profile.throughput.tokens_per_s,
             host_adam_per_s=profile.environment.host_adam_per_s,
             threads=profile.environment.threads,
-            bf16_speed_ratio=_bf16_ratio(profile),
+            bf16_speed_ratio=bf16_ratio(profile),
             bf16_over_fp32=time.bf16_over_fp32,
             matmul_share=_matmul_share(profile),
         ),
@@ -248,8 +248,9 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
     )
 
 
-def _bf16_ratio(profile: ProfileRecord) -> float | None:
-    """The profile's measured bf16:fp32 matmul speed, unless its bounds flag it impossible."""
+def bf16_ratio(profile: ProfileRecord) -> float | None:
+    """The profile's measured bf16:fp32 matmul speed, unless its bounds flag it impossible (the
+    estimate's time and the policy's ``bf16_speed_ratio`` fact read it)."""
     from autotune.estimator._bounds import BF16_RATIO_FIGURE, flagged_figures
 
     if BF16_RATIO_FIGURE in flagged_figures(profile):

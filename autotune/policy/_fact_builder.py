@@ -8,6 +8,7 @@ from autotune.estimator import (
     FACT_OF_FIGURE,
     ModelFacts,
     PlanEstimate,
+    bf16_ratio,
     estimate_plan,
     flagged_figures,
 )
@@ -42,7 +43,7 @@ def static_facts(
     outside its physical bounds is unknown here (:func:`refused_facts`)."""
     caps = profile.environment.capabilities
     model = profile.model
-    ratio = None if "bf16_speed_ratio" in refused_facts(profile) else caps.bf16_fp32_speed_ratio
+    ratio = bf16_ratio(profile)
     capability = float(caps.compute_capability) if caps.compute_capability else None
     is_cuda = profile.config.device == "cuda"
     # Unmeasured speed: Ampere (8.0) and later have bf16 tensor cores.

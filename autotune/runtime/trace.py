@@ -543,6 +543,12 @@ def facts_from_model_file(
     except Exception as exc:  # the real path counts the real model instead
         failed.append(f"meta-device build: {_reason(exc)}")
         meta = None
+    if real_step_limit is None:
+        real_step_limit = real_step_room("cpu", "cpu")[0] or 0
+    states = (
+        None if meta is None
+        else STATE_BYTES_PER_PARAMETER * sum(p.numel() for p in meta.parameters())
+    )  # fmt: skip
     if meta is not None:
         for name, source in ((PATH_FAKE, model_file), (PATH_META_INIT, None)):
             try:
@@ -551,26 +557,20 @@ def facts_from_model_file(
             except Exception as exc:  # the trace's limit, not the user's mistake
                 failed.append(f"{name}: {_reason(exc)}")
                 continue
-            if cpu_scratch and traced.moment is not None and _has_convolutions(meta):
-                room = real_step_limit or real_step_room("cpu", "cpu")[0] or 0
-                states = STATE_BYTES_PER_PARAMETER * sum(p.numel() for p in meta.parameters())
-                if states <= room:
-                    moment = _with_cpu_scratch(model_file, traced.moment)
-                    traced = _Traced(traced.specs, moment, traced.counted)
-                    _notes.append(SCRATCH_NOTE)
+            fits = states is not None and states <= real_step_limit
+            if cpu_scratch and fits and traced.moment is not None and _has_convolutions(meta):
+                moment = _with_cpu_scratch(model_file, traced.moment)
+                traced = _Traced(traced.specs, moment, traced.counted)
+                _notes.append(SCRATCH_NOTE)
             reasons = [*_notes, *(f"{f} failed" for f in failed)]
             label = name + (f" ({'; '.join(reasons)})" if reasons else "")
             return _model_file_facts(traced, seq_len, label)
-    if real_step_limit is None:
-        real_step_limit = real_step_room("cpu", "cpu")[0] or 0
-    if meta is not None:
-        states = STATE_BYTES_PER_PARAMETER * sum(p.numel() for p in meta.parameters())
-        if states > real_step_limit:
-            raise model_file.error(
-                f"no trace path can run without a real step of {states / 2**30:.1f} GiB of model "
-                f"states, over the {real_step_limit / 2**30:.1f} GiB allowed ({'; '.join(failed)}); "
-                "estimate from a profile on a machine that fits it (--profile)"
-            )
+    if states is not None and states > real_step_limit:
+        raise model_file.error(
+            f"no trace path can run without a real step of {states / 2**30:.1f} GiB of model "
+            f"states, over the {real_step_limit / 2**30:.1f} GiB allowed ({'; '.join(failed)}); "
+            "estimate from a profile on a machine that fits it (--profile)"
+        )
     traced, bound = _real_path(model_file, real, precisions, step)
     why = "; ".join([*failed, bound])
     label = PATH_REAL.format(sizes=" and ".join(map(str, batch_sizes))) + f" ({why})"
