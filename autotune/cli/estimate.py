@@ -129,7 +129,7 @@ def estimate_command(
         base = base.with_changes(nproc_per_node=machine.nproc_per_node, nnodes=machine.nnodes)
         composition = _composition(
             model, hf_config, profiles, seq_len, _needed_precisions(base, plan, all_plans), task,
-            machine, device or "auto",
+            machine, device or "auto", base.micro_batch,
         )  # fmt: skip
         facts, machine = composition.facts, composition.machine
         if ckpt_all:
@@ -217,10 +217,11 @@ def _composition(
     task: str | None,
     machine: Machine,
     device: str,
+    batch: int,
 ) -> Composition:
     """The composer's facts and budget: measured from --profile (with the precisions it lacks
     traced from MODEL, or from the file it ran where unchanged), else traced from MODEL /
-    --hf-config; without --device-memory, the default device's (the profiled GPU's or this
+    --hf-config (from micro-batch ``batch``, --batch-size); without --device-memory, the default device's (the profiled GPU's or this
     machine's: a GPU's memory, else the available RAM)."""
     from autotune import compose
 
@@ -255,7 +256,7 @@ def _composition(
     if model is None:
         raise AutotuneError("MODEL: give a model file, --hf-config or --profile")
     with err_console.status(f"tracing {model} on fake tensors ..."):
-        facts = compose.model_file_facts(model, precisions, device)
+        facts = compose.model_file_facts(model, precisions, device, batch)
     return compose.compose_facts(facts, machine=compose.default_budget(machine, device))
 
 

@@ -139,15 +139,17 @@ def completed(record: ProfileRecord, model_path: str | Path | None = None) -> Pr
 
 
 def model_file_facts(
-    model_path: str | Path, precisions: tuple[str, ...], device: str = "auto"
+    model_path: str | Path, precisions: tuple[str, ...], device: str = "auto", batch: int = 1
 ) -> ModelFacts:
     """The model-file road: every static fact a profile records (parameter sizes in order, tied
     parameters, the optimizer's step path, the block stack) and a whole step traced on fake
-    tensors, for plans running on ``device`` (``auto``: a GPU if this machine has one)."""
+    tensors, for plans running on ``device`` (``auto``: a GPU if this machine has one) from the
+    micro-batch ``batch`` a profile would run (where a CPU's oneDNN scratch is read)."""
     from autotune.runtime.trace import facts_from_model_file
 
     kind = device_type(device)
-    facts = facts_from_model_file(model_path, precisions=precisions, cpu_scratch=kind == "cpu")
+    scratch = batch if kind == "cpu" else None
+    facts = facts_from_model_file(model_path, precisions=precisions, cpu_scratch=scratch)
     return facts.model_copy(update={"device_type": kind})
 
 

@@ -35,7 +35,7 @@ from autotune.runtime import hf
 from autotune.runtime._blocks import apply_checkpointing, find_block_stack, unique_parameter_count
 from autotune.runtime._step import AUTOCAST, TrainRunner
 from autotune.runtime.modelfile import ModelFile, load_model_file
-from autotune.runtime.profiler import _model_info, allocator_peak, tracked_step
+from autotune.runtime.profiler import TrackedStep, _model_info, tracked_step
 
 DEFAULT_PRECISIONS = ("fp32", "amp_bf16", "bf16")
 _AUTOCAST = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
@@ -209,7 +209,11 @@ def trace_activations(
         block = (mem.block_bytes(plain) or 0) if traced else 0
         outside = plain.activations - traced * block
         kept = _count(model, batch, forward, precision, traced) if traced else plain
-        block_input = (kept.activations - outside) / traced if traced else 0.0
+        # the first block's input, the reading a profile takes (a CNN's stages shrink theirs)
+        block_input = (
+            float(kept.block_input) if kept.block_input is not None
+            else (kept.activations - outside) / traced if traced else 0.0
+        )  # fmt: skip
         # a checkpointed block saves no weight copies: they are made again in its recompute
         copies = plain.autocast_weight_copies
         block_copies = (copies - kept.autocast_weight_copies) / traced if traced else 0.0
@@ -308,6 +312,21 @@ def trace_step(model_file: ModelFile, plan: Plan, batch: Any, *, fake: bool = Tr
     were freed. On fake tensors (``fake``) nothing is allocated and ``batch``, fake,
     feeds both steps; otherwise it is a real step at ``plan``'s (small) micro-batch.
     """
+    step, kind = _tracked(model_file, plan, batch, fake=fake)
+    return TracedMoment(
+        plan=plan,
+        peak=step.peak.peak,
+        at_peak=step.peak.at_peak,
+        backward_at_peak=step.backward[1] if step.backward else None,
+        optimizer_step=kind,  # type: ignore[arg-type]
+    )
+
+
+def _tracked(
+    model_file: ModelFile, plan: Plan, batch: Any, *, fake: bool
+) -> tuple[TrackedStep, str | None]:
+    """One warm-up step of ``plan`` on ``batch``, then the profile's tracked step; with the
+    optimizer step's path (:func:`autotune.runtime._memory.declared_step_kind`)."""
     runner_class = _UncheckedRunner if fake else TrainRunner
     runner = runner_class(
         model_file,
@@ -322,17 +341,9 @@ def trace_step(model_file: ModelFile, plan: Plan, batch: Any, *, fake: bool = Tr
         runner.backward(loss)
         del loss
         runner.optimizer_step()
-        step = tracked_step(runner)
-        kind = mem.declared_step_kind(runner.optimizer)
+        return tracked_step(runner), mem.declared_step_kind(runner.optimizer)
     finally:
         runner.close()
-    return TracedMoment(
-        plan=plan,
-        peak=step.peak.peak,
-        at_peak=step.peak.at_peak,
-        backward_at_peak=step.backward[1] if step.backward else None,
-        optimizer_step=kind,  # type: ignore[arg-type]
-    )
 
 
 PATH_FAKE = "traced on fake tensors"
@@ -511,7 +522,7 @@ def facts_from_model_file(
     batch_sizes: tuple[int, int] = (1, 2),
     real_step_limit: int | None = None,
     step: bool = True,
-    cpu_scratch: bool = False,
+    cpu_scratch: int | None = None,
 ) -> ModelFacts:
     """A model file's activations at each precision, by the first of :data:`PATHS` that runs.
 
@@ -526,8 +537,9 @@ def facts_from_model_file(
             gradients, Adam's two moments: 16 per parameter); default: half the memory available.
         step: trace the whole training step too (``traced_moment``); without it only the
             activation figures are traced.
-        cpu_scratch: plans run on a CPU: a model with convolutions has its traced step's peak
-            re-based on c10's allocator over one real plain step (:func:`_with_cpu_scratch`).
+        cpu_scratch: plans run on a CPU, profiled at this micro-batch: a model with
+            convolutions has its traced step carry the allocator's scratch of a real step at
+            it (:func:`_with_cpu_scratch`).
 
     Raises:
         AutotuneError: anything wrong with the model file (what the real path meets), or
@@ -559,7 +571,7 @@ def facts_from_model_file(
                 continue
             fits = states is not None and states <= real_step_limit
             if cpu_scratch and fits and traced.moment is not None and _has_convolutions(meta):
-                moment = _with_cpu_scratch(model_file, traced.moment)
+                moment = _with_cpu_scratch(model_file, traced.moment, cpu_scratch)
                 traced = _Traced(traced.specs, moment, traced.counted)
                 _notes.append(SCRATCH_NOTE)
             reasons = [*_notes, *(f"{f} failed" for f in failed)]
@@ -578,7 +590,7 @@ def facts_from_model_file(
 
 
 SCRATCH_NOTE = (
-    "the step's peak re-based on c10's allocator over one real plain step (oneDNN scratch)"
+    "with the oneDNN scratch c10's allocator held in one real step at the profile's batch"
 )
 
 
@@ -586,26 +598,24 @@ def _has_convolutions(model: nn.Module) -> bool:
     return any(isinstance(module, nn.modules.conv._ConvNd) for module in model.modules())
 
 
-def _with_cpu_scratch(model_file: ModelFile, moment: TracedMoment) -> TracedMoment:
-    """``moment`` re-based on c10's CPU allocator over one real plain step at its micro-batch.
+def _with_cpu_scratch(model_file: ModelFile, moment: TracedMoment, batch: int) -> TracedMoment:
+    """``moment`` with the oneDNN scratch of a real step at micro-batch ``batch`` added.
 
     oneDNN's convolutions allocate their scratch outside any tensor: a trace cannot see it
     and a CPU profile's allocator peak holds it (:func:`autotune.runtime._memory.with_allocator_peak`).
-    So on a CPU, a model with convolutions (small enough for a real step) pays one warm-up and
-    one watched step, as ``autotune profile`` does, and the excess goes to temporaries.
+    So on a CPU, a model with convolutions (small enough for a real step) pays the steps
+    ``autotune profile`` takes at ``batch`` (a warm-up, a tracked step, a plain one under c10's
+    allocator), and the allocator's excess over the tracked tensors goes to the moment's
+    temporaries, in proportion to the moment's micro-batch. The scratch does not follow the
+    batch (oneDNN picks its algorithm per shape): read at the batch a profile would run, the
+    estimator's rescaling gives back exactly that batch's scratch, as the profiled road does.
     """
-    size = moment.plan.micro_batch
-    runner = TrainRunner(model_file, micro_batch=size, checkpoint_blocks=moment.plan.checkpoint_blocks,
-                         precision=AUTOCAST[moment.plan.precision])  # fmt: skip
-    runner.close()
-    runner._batches = itertools.repeat(_first_batch(model_file, size))
-    try:
-        runner.step()
-        peak = allocator_peak(runner)
-    finally:
-        runner.close()
+    at = moment.plan.model_copy(update={"micro_batch": batch})
+    step, _ = _tracked(model_file, at, _first_batch(model_file, batch), fake=False)
+    scratch = step.peak.peak - (step.peak.live_tensors or step.peak.peak)
+    extra = scratch * moment.plan.micro_batch / batch
     rebased = mem.with_allocator_peak(
-        mem.PeakResult(moment.peak, moment.at_peak, "cpu_live_tensors"), peak
+        mem.PeakResult(moment.peak, moment.at_peak, "cpu_live_tensors"), int(moment.peak + extra)
     )
     return moment.model_copy(update={"peak": rebased.peak, "at_peak": rebased.at_peak})
 

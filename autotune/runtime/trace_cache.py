@@ -18,7 +18,7 @@ from autotune import __version__
 from autotune.estimator import ModelFacts
 from autotune.records import atomic_write_text
 
-TRACE_VERSION = 4
+TRACE_VERSION = 5
 """Bumped when the trace itself changes what it measures."""
 
 

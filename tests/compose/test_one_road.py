@@ -31,15 +31,6 @@ MODELS = {
 RANKS, BATCH, BUDGET = 2, 2, "48GiB"
 MODEL_FILE_BAR = 0.02
 """The model-file road (traced, nothing run) against the profiled road, on every row."""
-OUTSIDE_THE_BAR = {
-    "resnet": (
-        0.05,
-        "oneDNN's convolution scratch (no tensor) is measured on both roads with c10's CPU "
-        "allocator, but not in proportion to the batch (this 1 MB model: 6, 69, 89, 162 and "
-        "302 KB at micro-batch 1, 2, 4, 8 and 16), and the roads measure it at different batches",
-    ),
-}
-"""Models held to a wider bar, with the cause; the closing note and docs/estimate.md give it."""
 
 
 def plans(blocks: int) -> list[str]:
@@ -111,8 +102,7 @@ def test_every_road_gives_one_figure_per_plan(name: str, tmp_path: Path) -> None
         assert builder.estimate(plan).memory.peak == row["memory"]["peak"], text
         error = traced[_key(plan)]["memory"]["peak"] / row["memory"]["peak"] - 1
         worst = max(worst, abs(error))
-        bar = OUTSIDE_THE_BAR.get(name, (MODEL_FILE_BAR, ""))[0]
-        assert abs(error) <= bar, f"{name} {text}: model-file road {error:+.2%}"
+        assert abs(error) <= MODEL_FILE_BAR, f"{name} {text}: model-file road {error:+.2%}"
 
     advice = suggest(record, machine=machine, global_batch=8)
     for item in advice.suggestions:

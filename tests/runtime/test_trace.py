@@ -188,7 +188,7 @@ def test_cpu_plans_of_a_cnn_carry_onednn_scratch_the_trace_cannot_see(tmp_path: 
     path = tmp_path / f"{stem}.py"
     path.write_text(text, encoding="utf-8")
     traced = facts_from_model_file(path, precisions=("fp32",)).traced_moment
-    moment = facts_from_model_file(path, precisions=("fp32",), cpu_scratch=True).traced_moment
+    moment = facts_from_model_file(path, precisions=("fp32",), cpu_scratch=8).traced_moment
     assert traced is not None and moment is not None and moment.plan == traced.plan
     assert moment.peak > traced.peak  # the scratch, beyond every tensor the trace counts
     profiled = profile_model(path, batch_size=moment.plan.micro_batch, steps=1, warmup=1,
