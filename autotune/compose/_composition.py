@@ -23,7 +23,15 @@ from autotune.estimator import (
     with_activations,
 )
 from autotune.policy import SuggestRecord, suggest
-from autotune.records import CodeChange, LinkMeasure, Machine, Plan, ProfileRecord, format_bytes
+from autotune.records import (
+    CodeChange,
+    LinkMeasure,
+    Machine,
+    Plan,
+    ProfileRecord,
+    TimedSteps,
+    format_bytes,
+)
 from autotune.search import Prediction
 
 
@@ -114,7 +122,7 @@ def compose(
     *,
     machine: Machine,
     global_batch: int | None = None,
-    more_profiles: Sequence[ProfileRecord] = (),
+    more_profiles: Sequence[ProfileRecord | TimedSteps] = (),
     traced: dict[str, ActivationSpec] | None = None,
     policy_path: str | Path | None = None,
     framework: str | None = None,

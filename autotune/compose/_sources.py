@@ -18,6 +18,7 @@ from autotune.records import (
     AutotuneError,
     Machine,
     ProfileRecord,
+    TimedSteps,
 )
 
 TRACED_PRECISIONS = ("fp32", "amp_bf16", "bf16")
@@ -101,20 +102,22 @@ def with_traced(record: ProfileRecord, model_path: str | Path) -> ProfileRecord:
 
 def short_profiles(
     model_path: str | Path, per_rank: int, device: str
-) -> tuple[ProfileRecord, ProfileRecord | None]:
-    """Two short profiles of a model file: at micro-batch ``min(2, per_rank)`` (traced beside,
-    :func:`profile_model`), and at up to 4x that where the per-rank batch is larger (``None``
-    otherwise), so the step-time model splits each phase into a fixed part per micro-batch and
-    a part per sample, which is what ranks micro-batches of one global batch. The second
-    measures step time only: the host's Adam rate and the bf16 / fp32 compute are the first's."""
+) -> tuple[ProfileRecord, TimedSteps | None]:
+    """A short profile of a model file at micro-batch ``min(2, per_rank)`` (traced beside,
+    :func:`profile_model`), and its timed steps alone at up to 4x that where the per-rank batch
+    is larger (``None`` otherwise), so the step-time model splits each phase into a fixed part
+    per micro-batch and a part per sample, which is what ranks micro-batches of one global
+    batch. The second measures no memory, FLOPs or probes: the first has them."""
+    from autotune.runtime.profiler import timed_steps
+
     first = profile_model(model_path, batch_size=min(SHORT_BATCH, per_rank),
                           steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
                           device=device)  # fmt: skip
     batch = min(per_rank, 4 * first.config.batch_size)
     if batch <= first.config.batch_size:
         return first, None
-    second = profile_model(model_path, trace=False, batch_size=batch, steps=TIME_PROFILE_STEPS,
-                           warmup=SHORT_PROFILE_WARMUP, device=device, probes=False)  # fmt: skip
+    second = timed_steps(model_path, batch_size=batch, steps=TIME_PROFILE_STEPS,
+                         warmup=SHORT_PROFILE_WARMUP, device=device)  # fmt: skip
     return first, second
 
 

@@ -17,6 +17,7 @@ from autotune.records import (
     FigureSource,
     Plan,
     ProfileRecord,
+    TimedSteps,
 )
 from autotune.records import Record as _Record
 
@@ -340,7 +341,7 @@ def block_share(facts: ModelFacts) -> float:
     return min(facts.num_layers * spec.block_per_sample / spec.per_sample, 1.0)
 
 
-def fit_step_time(facts: ModelFacts, other: ProfileRecord) -> ModelFacts:
+def fit_step_time(facts: ModelFacts, other: ProfileRecord | TimedSteps) -> ModelFacts:
     """Refine the baseline's step time with a second profile that differs in one knob.
 
     At another batch size: each phase (data, forward, backward) per micro-batch

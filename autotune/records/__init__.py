@@ -60,6 +60,7 @@ from autotune.records._profile import (
     Spread,
     StepTime,
     Throughput,
+    TimedSteps,
 )
 from autotune.records._recommendation import CodeChange, MeasuredPlan, Recommendation
 from autotune.records._stats import COVERAGE, median_interval, relative_half_width
@@ -155,6 +156,7 @@ __all__ = [
     "StepTime",
     "Terminated",
     "Throughput",
+    "TimedSteps",
     "atomic_write_bytes",
     "atomic_write_text",
     "check_version",

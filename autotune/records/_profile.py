@@ -285,6 +285,15 @@ class Provenance(_Record):
     autotune_version: str
 
 
+class TimedSteps(_Record):
+    """A model file's timed steps at one configuration, nothing else measured: what a second
+    profile adds to a first (another batch size, or checkpointing switched) for the step-time
+    fit, at a fraction of a whole profile's cost."""
+
+    config: ProfileConfig
+    time: StepTime
+
+
 class ProfileRecord(_Record):
     """Everything one ``autotune profile`` run measured."""
 

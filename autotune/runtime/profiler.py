@@ -35,6 +35,7 @@ from autotune.records import (
     Spread,
     StepTime,
     Throughput,
+    TimedSteps,
 )
 from autotune.runtime import _cpu_allocator as cpu_allocator
 from autotune.runtime import _device as dev
@@ -77,7 +78,6 @@ def profile(
     progress: Progress | None = None,
     command: str | None = None,
     label: str | None = None,
-    probes: bool = True,
 ) -> ProfileRecord:
     """Measure the model file's training step: memory, time, compute, environment.
 
@@ -93,8 +93,6 @@ def profile(
         command: the command line to record (default: ``sys.argv``).
         label: how the record names the model (default: the file's path); e.g.
             ``hf-config CONFIG --seq-len N`` for a generated model file.
-        probes: also measure the host's Adam rate and the model's bf16 / fp32 compute; a
-            second profile that only refines the step time (tune's) leaves them to the first.
 
     Raises:
         AutotuneError: a bad option or anything wrong with the model file.
@@ -109,16 +107,14 @@ def profile(
         if checkpointing:
             _checkpoint_all(runner)
         timings = _timed_steps(runner, steps, warmup, report)
-        bf16_over_fp32, bf16_reason = (
-            _bf16_over_fp32(runner, timings.summary(), report) if probes else (None, NOT_PROBED)
-        )
+        bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
         memory, samples_seen = _measure_memory(runner, report)
         compute = _measure_compute(runner, checkpointing)
     finally:
         runner.close()
     report("environment", 0, 1)
     peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
-    environment, refused = _environment(device_obj, timings, peak_reason, probes)
+    environment, refused = _environment(device_obj, timings, peak_reason)
     report("environment", 1, 1)
     step_time = timings.summary().model_copy(update={"bf16_over_fp32": bf16_over_fp32})
     if bf16_reason:
@@ -147,6 +143,23 @@ def profile(
     )
     # An impossible MFU is kept for the record, flagged; a refused ratio is already None.
     return record.model_copy(update={"flags": {**refused, **check_figures(record)}})
+
+
+def timed_steps(
+    model_path: str | Path, *, batch_size: int, steps: int, warmup: int, device: str = "auto"
+) -> TimedSteps:
+    """Only :func:`profile`'s timed steps (fp32, no checkpointing): a second batch size for the
+    step-time fit (:func:`autotune.estimator.fit_step_time`), without the memory, FLOPs and
+    probes a whole profile measures again."""
+    device_obj = dev.resolve_device(device)
+    runner = TrainRunner(load_model_file(model_path), device=device_obj, micro_batch=batch_size)
+    try:
+        timings = _timed_steps(runner, steps, warmup, lambda phase, done, total: None)
+    finally:
+        runner.close()
+    config = ProfileConfig(batch_size=batch_size, precision="fp32", checkpointing=False,
+                           steps=steps, warmup=warmup, device=device_obj.type)  # fmt: skip
+    return TimedSteps(config=config, time=timings.summary())
 
 
 def _checkpoint_all(runner: TrainRunner) -> None:
@@ -208,7 +221,6 @@ def _timed_steps(runner: TrainRunner, steps: int, warmup: int, report: Progress)
     return timings
 
 
-NOT_PROBED = "not probed: a profile that only refines another's step time"
 _COUNTERPART: dict[str, StepPrecision] = {"fp32": "bf16", "bf16": "fp32"}
 SLOW_COUNTERPART = 4.0
 """A counterpart's first forward and backward over this many times the profile's own is kept as
@@ -468,11 +480,11 @@ def _capabilities(device: torch.device) -> tuple[Capabilities, str | None]:
 
 
 def _environment(
-    device: torch.device, timings: _Timings, peak_reason: str | None, probes: bool = True
+    device: torch.device, timings: _Timings, peak_reason: str | None
 ) -> tuple[Environment, dict[str, str]]:
     """The environment, and the figures refused as impossible (dotted key -> why)."""
     versions = dev.versions()
-    unavailable: dict[str, str] = {} if probes else {"host_adam_per_s": NOT_PROBED}
+    unavailable: dict[str, str] = {}
     capabilities, refused = _capabilities(device)
     if refused:
         unavailable["capabilities.bf16_fp32_speed_ratio"] = refused
@@ -498,7 +510,7 @@ def _environment(
         capabilities=capabilities,
         nvml=timings.nvml,
         threads=torch.get_num_threads(),
-        host_adam_per_s=host.host_adam_rate() if probes else None,
+        host_adam_per_s=host.host_adam_rate(),
         unavailable=unavailable,
     )
     return environment, {BF16_RATIO_FIGURE: refused} if refused else {}

@@ -19,6 +19,12 @@ RUNNER_UP = "runner-up"
 CONTENDER = "contender"
 CONTENDERS = 2
 """Plans besides the best and the baseline the comparison may list (the fastest overlapping)."""
+EQUIVALENT = 0.02
+"""Re-run plans whose medians lie this close (relative) to the leader's are not told apart
+further: either is within it of the other, and more rounds would only buy the last percent."""
+COMPARISON_SHARE = 0.5
+"""The re-runs take at most this share of the search's own trial time: a round starts only
+where its plans' last run times fit in what is left."""
 Value = tuple[float, float | None, int | None]
 """One run's samples/s, tokens/s and peak."""
 Round = list[Value | None]
@@ -62,13 +68,14 @@ def entries(
     return chosen
 
 
-def _run(runner: TrialRunner, settings: TrialSettings, plan: Plan) -> Value | None:
+def _run(runner: TrialRunner, settings: TrialSettings, plan: Plan) -> tuple[Value | None, float]:
+    """One re-run's samples/s, tokens/s and peak (``None``: it failed), and its seconds."""
     report = runner.run(plan, settings)
     result = report.result
     outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
     if outcome == "ok" and result is not None and result.samples_per_s is not None:
-        return result.samples_per_s, result.tokens_per_s, result.peak
-    return None
+        return (result.samples_per_s, result.tokens_per_s, result.peak), report.duration_s
+    return None, report.duration_s
 
 
 def _range(values: list[Value], record: TrialRecord) -> Interval | None:
@@ -84,37 +91,62 @@ def _median(values: list[Value]) -> float:
 
 
 def _still_open(active: list[int], values: list[list[Value]],
-                chosen: list[tuple[str, TrialRecord]]) -> list[int]:  # fmt: skip
-    """The entries whose range still overlaps the leader's (the leader included)."""
+                chosen: list[tuple[str, TrialRecord]]) -> tuple[list[int], list[int]]:  # fmt: skip
+    """The entries whose range still overlaps the leader's (the leader included), and those
+    of them re-run whose median is within :data:`EQUIVALENT` of the leader's (left out)."""
     leader = max(active, key=lambda i: _median(values[i]))
-    top = _range(values[leader], chosen[leader][1])
-    return [i for i in active if overlap(_range(values[i], chosen[i][1]), top)]
+    top, lead = _range(values[leader], chosen[leader][1]), _median(values[leader])
+    still = [i for i in active if overlap(_range(values[i], chosen[i][1]), top)]
+    equal = [
+        i
+        for i in still
+        if i != leader
+        and min(len(values[i]), len(values[leader])) > 1
+        and lead - _median(values[i]) <= EQUIVALENT * lead
+    ]
+    return [i for i in still if i not in equal], equal
 
 
 def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str, TrialRecord]],
-           values: list[list[Value]], cap: int, failed: set[int]) -> tuple[list[Round], str]:  # fmt: skip
+           values: list[list[Value]], cap: int, failed: set[int],
+           searched: float) -> tuple[list[Round], str]:  # fmt: skip
     """Rounds of interleaved re-runs of the entries overlapping the best, each round dropping
-    those whose range has separated below the leader's (and those whose re-run failed, into
-    ``failed``); at most ``cap`` rounds."""
+    those whose range has separated below the leader's or whose median has come within
+    :data:`EQUIVALENT` of it (and those whose re-run failed, into ``failed``); at most ``cap``
+    rounds, and none past :data:`COMPARISON_SHARE` of the search's ``searched`` seconds of
+    trials (0: not known, no such limit)."""
     best = search_interval(chosen[0][1])
     active = [i for i, (_, r) in enumerate(chosen) if overlap(search_interval(r), best)]
     if len(active) < 2:
         return [], "no other plan's interval overlaps the best's"
     if cap < 1:
         return [], "repeats=0: nothing re-run"
+    seconds = [record.duration_s for _, record in chosen]
+    budget, spent = (COMPARISON_SHARE * searched if searched else None), 0.0
     rounds: list[Round] = []
     while len(rounds) < cap:
+        cost = sum(seconds[i] or 0.0 for i in active)
+        if budget is not None and spent + cost > budget:
+            return rounds, (f"another round ({cost:.0f} s) would pass the comparison's share "
+                            f"of {COMPARISON_SHARE:.0%} of the search's {searched:.0f} s of trials, "
+                            f"after {len(rounds)} round(s)")  # fmt: skip
         row: Round = [None] * len(chosen)
         shift = len(rounds) % len(active)
         for position in active[shift:] + active[:shift]:
-            row[position] = _run(runner, settings, chosen[position][1].plan)
+            row[position], seconds[position] = _run(runner, settings, chosen[position][1].plan)
+            spent += seconds[position] or 0.0
             if row[position] is not None:
                 values[position].append(row[position])  # type: ignore[arg-type]
             else:
                 failed.add(position)
         rounds.append(row)
-        active = _still_open([i for i in active if row[i] is not None] or [0], values, chosen)
+        active, equal = _still_open(
+            [i for i in active if row[i] is not None] or [0], values, chosen
+        )
         if len(active) < 2:
+            if equal:
+                return rounds, (f"the medians came within {EQUIVALENT:.0%} of the leader's after "
+                                f"{len(rounds)} round(s): not told apart further")  # fmt: skip
             return rounds, f"the intervals separated after {len(rounds)} round(s)"
     return rounds, f"the cap of {cap} round(s) was reached with the intervals still overlapping"
 
@@ -146,8 +178,9 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     """The search's best against the baseline and the plans it cannot be told apart from.
 
     Every entry starts from its search run. Those whose intervals overlap the best's are
-    re-run in interleaved rounds (the order rotating) until the ranges separate or
-    ``repeats`` rounds have run. The winner is the highest median (the search's run
+    re-run in interleaved rounds (the order rotating) until the ranges separate, the
+    medians come within :data:`EQUIVALENT` of each other, ``repeats`` rounds have run, or
+    another round would pass :data:`COMPARISON_SHARE` of the search's trial time. The winner is the highest median (the search's run
     included); a checkpointed winner gives way to its leaner twin when their ranges
     overlap, since the recompute did not show to pay. The speedup interval is the range
     of per-round ratios winner/baseline where both were re-run (slow phases of the
@@ -158,7 +191,8 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     base = baseline_index(labels)
     values = [[_from_search(record)] for _, record in chosen]
     failed: set[int] = set()
-    rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed)
+    searched = sum(record.duration_s or 0.0 for record in ranked)
+    rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed, searched)
     measured = [_measured(record, values[i]) for i, (_, record) in enumerate(chosen)]
     # A plan whose re-run failed is not recommended on its other runs.
     eligible = [i for i in range(len(chosen)) if i not in failed] or [0]

@@ -11,8 +11,8 @@ import pytest
 from autotune.records import Plan
 from autotune.search import TrialResult, TrialSettings
 from autotune.search._compare import compare, recommendation
-from autotune.search._records import TrialRecord
-from autotune.search._runner import FakeRunner
+from autotune.search._records import RunReport, TrialRecord
+from autotune.search._runner import FakeRunner, TrialRunner
 
 SETTINGS = TrialSettings(model_file="m.py", timeout_s=5)
 
@@ -36,6 +36,19 @@ def _scripted(speeds: dict[int, list[float]]) -> FakeRunner:
                            peak_memory_bytes=[1])  # fmt: skip
 
     return FakeRunner(run)
+
+
+class _Clocked(TrialRunner):
+    """Re-runs of micro-batch ``m`` measure ``speeds[m]``, each taking ``seconds``."""
+
+    def __init__(self, speeds: dict[int, float], seconds: float) -> None:
+        self.speeds, self.seconds, self.runs = speeds, seconds, 0
+
+    def run(self, plan: Plan, settings: TrialSettings) -> RunReport:
+        self.runs += 1
+        result = TrialResult(completed_steps=2, samples_per_s=self.speeds[plan.micro_batch],
+                             peak_memory_bytes=[1])  # fmt: skip
+        return RunReport(returncode=0, timed_out=False, result=result, duration_s=self.seconds)
 
 
 def test_a_best_whose_interval_overlaps_none_is_not_re_run() -> None:
@@ -67,13 +80,39 @@ def test_only_overlapping_plans_re_run_until_they_separate() -> None:
 
 
 def test_overlapping_ranges_re_run_up_to_the_cap() -> None:
-    best, close = _trial(0, 4, 20.0), _trial(1, 2, 19.9)
-    runner = _scripted({4: [19.0, 20.5, 19.5], 2: [20.2, 19.2, 20.1]})
+    # mb=2's search run (19.0 +-5 %) overlaps the best's (20.0 +-2 %); their medians stay 3-5 %
+    # apart and their ranges overlap in every round.
+    best, close = _trial(0, 4, 20.0), _trial(1, 2, 19.0, spread=0.05)
+    runner = _scripted({4: [21.0, 19.5, 21.0], 2: [20.5, 18.0, 20.6]})
     result = compare(runner, SETTINGS, [best, close], None, repeats=3)
     assert len(runner.plans) == 6 and result.repeats == 3 and result.reruns == [3, 3]
     assert result.stopped is not None and "cap of 3" in result.stopped
-    # The winner is the highest median over the search run and the re-runs: 20.0 vs 19.75.
-    assert result.winner == 1 and result.speedup is None
+    # The winner is the highest median over the search run and the re-runs: 20.5 vs 19.75.
+    assert result.winner == 0 and result.measured[1].samples_per_s == pytest.approx(19.75)
+
+
+def test_medians_within_two_percent_are_not_told_apart_further() -> None:
+    # Round 1: best [20.0, 19.0], mb=2 [19.9, 20.2]: 2.8 % apart, overlapping: another round.
+    # Round 2: best median 20.0, mb=2 median 19.9: 0.5 % apart, so the third round is not run.
+    best, close = _trial(0, 4, 20.0), _trial(1, 2, 19.9)
+    runner = _scripted({4: [19.0, 20.5, 19.5], 2: [20.2, 19.2, 20.1]})
+    result = compare(runner, SETTINGS, [best, close], None, repeats=3)
+    assert len(runner.plans) == 4 and result.repeats == 2 and result.reruns == [2, 2]
+    assert result.stopped is not None and "within 2%" in result.stopped
+    assert result.winner == 0
+
+
+def test_the_re_runs_take_at_most_half_the_search_trials_time() -> None:
+    # Four measured trials of 40 s each: 80 s for the comparison. A round of the best and
+    # mb=2 costs 80 s (their search runs' durations), a second one would pass it.
+    records = [_trial(0, 4, 20.0), _trial(1, 2, 19.0, spread=0.05), _trial(2, 1, 12.0),
+               _trial(3, 8, 11.0)]  # fmt: skip
+    records = [r.model_copy(update={"duration_s": 40.0}) for r in records]
+
+    runner = _Clocked({4: 21.0, 2: 20.5}, seconds=40.0)
+    result = compare(runner, SETTINGS, records, None, repeats=3)
+    assert result.repeats == 1 and result.reruns == [1, 1] and runner.runs == 2
+    assert result.stopped is not None and "50% of the search's 160 s" in result.stopped
 
 
 def test_repeats_0_re_runs_nothing_even_when_intervals_overlap() -> None:
