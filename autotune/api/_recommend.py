@@ -198,4 +198,6 @@ def _recommend_by_policy(
         parameters=record.model.parameters,
         predicted_peak_bytes=estimate.memory.peak,
         predicted_fits=estimate.fits,
+        predicted_step_seconds=estimate.predicted_step_seconds,
+        predicted_step_seconds_interval=estimate.predicted_step_seconds_interval,
     )

@@ -418,9 +418,15 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
 def _ranking_lines(record: EstimateRecord, ranked_rows: bool, top: int | None) -> list[str]:
     reference = _reference(record)
     if any(est.predicted_step_seconds for est in record.plans):
+        from autotune.estimator import STEP_SECONDS_BAND
+
+        low, high = STEP_SECONDS_BAND
         lines = [
             "s/step: predicted seconds per optimizer step; samples/s/dev: samples each device "
-            "trains per second (micro-batch x accumulation / s/step); – where not predicted"
+            "trains per second (micro-batch x accumulation / s/step); – where not predicted",
+            f"s/step's interval: x{low:g} to x{high:g} of it (where 8 in 10 plans measured in "
+            "bench/step_time.py on GPT-2 small fell; a small model's engine overheads put its "
+            "plans above; each plan's in --json)",
         ]
     else:
         lines = [

@@ -151,9 +151,11 @@ def _predicted(pred: object) -> str:
         return f"{memory}; step time not predicted"
     # The estimate scales measured phase times: a prediction, though from measured numbers.
     how = "formula on measured times" if pred.time_source == "measured" else pred.time_source
+    span = pred.step_seconds_interval_after
     clock = (
-        f": {pred.step_seconds_after:.3g} s per step, "
-        f"{pred.samples_per_s_per_device_after:.3g} samples/s per device"
+        f": {pred.step_seconds_after:.3g} s per step"
+        + (f" [{span[0]:.3g}, {span[1]:.3g}]" if span else "")
+        + f", {pred.samples_per_s_per_device_after:.3g} samples/s per device"
         if pred.step_seconds_after and pred.samples_per_s_per_device_after
         else ""
     )

@@ -44,6 +44,7 @@ from autotune.estimator._device_flops import (
     table_peak_flops,
 )
 from autotune.estimator._estimator import (
+    STEP_SECONDS_BAND,
     EstimateRecord,
     PlanEstimate,
     estimate,
@@ -99,6 +100,7 @@ __all__ = [
     "ModelFacts",
     "PEAK_DTYPE",
     "PlanEstimate",
+    "STEP_SECONDS_BAND",
     "STAGE3_PERSISTENCE_THRESHOLD",
     "Source",
     "TracedMoment",

@@ -70,6 +70,22 @@ class MemoryEstimate(_Record):
     peak_composition: str
 
 
+STEP_SECONDS_BAND = (0.87, 1.24)
+"""Measured over predicted seconds per step, 10th and 90th percentiles, over bench/step_time.py's
+32 GPT-2 small (124M) plans on 2 ranks (ZeRO-0/2/3 and FSDP2 x fp32/bf16 x no/all blocks
+checkpointed x accumulation 1/4, one profile at micro-batch 1, one measured round each, so the
+machine's noise is in it): the interval stated beside every predicted step time. In-sample at
+that model; bench/step_time.py prints how many plans of each model fall inside (a small model's
+engine overheads per micro-batch, unmodelled, put its plans above)."""
+
+
+def step_seconds_interval(seconds: float | None) -> tuple[float, float] | None:
+    """The interval :data:`STEP_SECONDS_BAND` gives a predicted step time (``None``: none)."""
+    if seconds is None:
+        return None
+    return seconds * STEP_SECONDS_BAND[0], seconds * STEP_SECONDS_BAND[1]
+
+
 class PlanEstimate(_Record):
     """One plan's predicted costs."""
 
@@ -79,6 +95,11 @@ class PlanEstimate(_Record):
     headroom_bytes: int | None
     predicted_step_time_ratio: float | None
     predicted_step_seconds: float | None = None
+    predicted_step_seconds_interval: tuple[float, float] | None = Field(
+        default=None,
+        description="where the measured seconds per step fell for most plans of the validation "
+        "(STEP_SECONDS_BAND times the predicted seconds); None: seconds not predicted",
+    )
     time_source: Source | None
     communication_bytes_per_step: int
     communication_seconds: float | None
@@ -391,6 +412,7 @@ def estimate_plan(
         headroom_bytes=None if usable is None else round(usable - peak),
         predicted_step_time_ratio=ratio,
         predicted_step_seconds=seconds,
+        predicted_step_seconds_interval=step_seconds_interval(seconds),
         time_source=time_source,
         communication_bytes_per_step=round(comm_bytes),
         communication_seconds=comm_s,

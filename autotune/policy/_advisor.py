@@ -212,6 +212,7 @@ def _predict(builder: FactBuilder, before: Facts, plan: Plan, after: Plan) -> Pr
         fits_after=est_after.fits,
         step_time_ratio=ratio,
         step_seconds_after=est_after.predicted_step_seconds,
+        step_seconds_interval_after=est_after.predicted_step_seconds_interval,
         samples_per_s_per_device_after=est_after.samples_per_s_per_device,
         memory_source=est_after.source,
         time_source=time_source,

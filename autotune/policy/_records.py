@@ -35,6 +35,10 @@ class Predicted(Record):
         description="predicted seconds per optimizer step of the plan after; None: not "
         "predicted (no profile at the plan's precision, or a figure it cannot scale)",
     )
+    step_seconds_interval_after: tuple[float, float] | None = Field(
+        default=None,
+        description="the interval beside step_seconds_after (the estimator's STEP_SECONDS_BAND)",
+    )
     samples_per_s_per_device_after: float | None = Field(
         default=None,
         description="samples each device trains per second after: micro-batch x accumulation "

@@ -59,3 +59,9 @@ class Recommendation(_Record):
     predicted_fits: bool | None = Field(
         None, description="whether that peak fits the budget's usable part; None: no budget"
     )
+    predicted_step_seconds: float | None = Field(
+        None, description="the plan's predicted seconds per optimizer step; None: not predicted"
+    )
+    predicted_step_seconds_interval: tuple[float, float] | None = Field(
+        None, description="the interval beside it (the estimate's, STEP_SECONDS_BAND)"
+    )

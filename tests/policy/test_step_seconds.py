@@ -12,6 +12,7 @@ from _profiles import synthetic_profile
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.estimator import STEP_SECONDS_BAND
 from autotune.policy import suggest
 from autotune.records import Machine
 
@@ -26,7 +27,7 @@ def _profile():  # noqa: ANN202 - a ProfileRecord
                              heads=None)  # fmt: skip
 
 
-def test_the_step_that_changes_the_micro_batch_states_its_time() -> None:
+def test_the_step_that_changes_the_micro_batch_states_its_time(tmp_path: Path) -> None:
     profile = _profile()
     time = profile.time
     record = suggest(profile, machine=Machine(device_memory=200 * MiB), global_batch=8)
@@ -43,6 +44,20 @@ def test_the_step_that_changes_the_micro_batch_states_its_time() -> None:
     # the checkpointed plan before it: the measured step plus one forward of the 4 blocks at
     # most (recompute), never less than the measured step
     assert time.step < before.step_seconds_after <= time.step + time.forward
+    # and `suggest` says so, with the interval beside it
+    shown = runner.invoke(app, ["suggest", str(_saved(tmp_path, profile)),
+                                "--device-memory", "200MiB", "--global-batch", "8"],
+                          env={"COLUMNS": "400"})  # fmt: skip
+    assert shown.exit_code in (0, 1), shown.output
+    low, high = (after.step_seconds_after * bound for bound in STEP_SECONDS_BAND)
+    text = " ".join(shown.stdout.split())
+    assert f"{after.step_seconds_after:.3g} s per step [{low:.3g}, {high:.3g}]" in text
+
+
+def _saved(folder: Path, profile) -> Path:  # noqa: ANN001 - a ProfileRecord
+    path = folder / "p.json"
+    path.write_text(profile.model_dump_json())
+    return path
 
 
 def test_estimate_prints_seconds_and_samples_per_device(tmp_path: Path) -> None:
@@ -57,5 +72,8 @@ def test_estimate_prints_seconds_and_samples_per_device(tmp_path: Path) -> None:
     # proportional phases: mb=4 x 2 takes the measured 1.0 s of mb=8, 8 samples a second
     for est in plans:
         assert est["predicted_step_seconds"] == pytest.approx(1.0, rel=1e-9)
+        # the interval beside it: the band the kept 124M measurements give (tests/bench)
+        assert est["predicted_step_seconds_interval"] == pytest.approx(list(STEP_SECONDS_BAND))
+    assert "s/step's interval: x0.87 to x1.24" in " ".join(shown.stdout.split())
     rows = [line.split("│") for line in shown.stdout.splitlines() if "│" in line]
     assert any(cell.strip() == "8" for row in rows for cell in row)
