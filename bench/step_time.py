@@ -9,9 +9,10 @@ Predicted: ``estimate(plan).predicted_step_seconds`` of one profile (``--profile
 ``.profile.json``, measured once), on the link the trials' ranks swept (as tune relinks). Measured:
 each plan ``--rounds`` times in one live worker group, round r in an order rotated by r; a trial's
 median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
-without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and the first
-link by model sha256 and plan JSON, written after every trial; a plan with its rounds there is not
-run again, so a run resumes and a changed estimate re-prints against the same measurements.
+without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and peak and
+the first link, by model sha256 and plan JSON, written after every trial; a plan with its rounds
+there is not run again, so a run resumes and a changed estimate re-prints against the same
+measurements.
 """
 
 from __future__ import annotations
@@ -57,16 +58,22 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--profile", type=Path, help="a saved ProfileRecord JSON (default: measure)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per trial")
     args = parser.parse_args()
+    check_arguments(args)
+    if not args.plans and not args.grid:
+        _refuse("--grid / --plans: give at least one")
+    return args
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse (exit 2, the flag named) a missing model file, a count below 1 or no folder for
+    ``--measurements``: the checks every script measuring plans this way shares."""
     if not Path(args.model).is_file():
         _refuse(f"MODEL {args.model}: no such model file")
     for flag in ("nproc_per_node", "global_batch", "profile_batch", "rounds"):
         if getattr(args, flag) < 1:
             _refuse(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
-    if not args.plans and not args.grid:
-        _refuse("--grid / --plans: give at least one")
     if not args.measurements.parent.is_dir():
         _refuse(f"--measurements {args.measurements}: no folder {args.measurements.parent}")
-    return args
 
 
 def make_plans(args: argparse.Namespace, blocks: int | None) -> list[Any]:
@@ -99,6 +106,30 @@ def make_plans(args: argparse.Namespace, blocks: int | None) -> list[Any]:
             plan = plan.with_changes(micro_batch=args.global_batch // samples)
         plans += [plan] if plan not in plans else []
     return plans
+
+
+def prepare(args: argparse.Namespace) -> tuple[str, str, Any, dict[str, Any]]:
+    """The model's path and sha256, its kept profile (``None``: to measure) and the kept
+    measurements; a bad plan, grid, profile or measurements file refused (exit 2) before any
+    expensive work."""
+    from autotune.records import AutotuneError, read_json
+
+    model = str(Path(args.model).resolve())
+    sha = hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    try:
+        make_plans(args, blocks=None)  # every text checked before any profiling; L is known after
+        record = _kept_profile(args, sha)
+        kept = read_json(args.measurements, "measurements") if args.measurements.exists() else {}
+    except AutotuneError as error:
+        _refuse(str(error))
+    return model, sha, record, kept
+
+
+def profiled_plans(args: argparse.Namespace, model: str, record: Any) -> tuple[Any, list[Any]]:
+    """The profile (``record``, else one measured now) and the plans at its block count."""
+    record = record or _profile(args, model)
+    stack = record.model.block_stack
+    return record, make_plans(args, stack.count if stack else 1)
 
 
 def _kept_profile(args: argparse.Namespace, sha: str) -> Any:
@@ -138,19 +169,29 @@ def _save(path: Path, kept: dict[str, Any]) -> None:
     partial.replace(path)
 
 
+def trials_to_run(plans: list[Any], seconds: dict[str, list[float]], rounds: int) -> int:
+    """The trials left before each plan has ``rounds`` kept rounds in ``seconds``."""
+    return sum(max(0, rounds - len(seconds.get(plan.model_dump_json(), []))) for plan in plans)
+
+
 def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[str, Any],
-            kept: dict[str, Any]) -> None:  # fmt: skip
-    """Run each plan until it has ``--rounds`` rounds in ``entry`` (round r rotated by r)."""
+            kept: dict[str, Any]) -> dict[str, str]:  # fmt: skip
+    """Run each plan until it has ``--rounds`` rounds in ``entry`` (round r rotated by r).
+
+    ``entry["seconds"]`` keeps each ok round's seconds per step and ``entry["peaks"]`` its peak
+    (the largest rank's bytes), by plan JSON. Returns why each plan that failed this time did.
+    """
     from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import PoolRunner, TrialSettings
     from autotune.search._outcome import classify_outcome
 
-    seconds = entry.setdefault("seconds", {})
-    todo = sum(max(0, args.rounds - len(seconds.get(p.model_dump_json(), []))) for p in plans)
+    seconds, peaks = entry.setdefault("seconds", {}), entry.setdefault("peaks", {})
+    todo = trials_to_run(plans, seconds, args.rounds)
     print(f"{len(plans)} plans, {todo} trials to run ({len(plans) * args.rounds - todo} kept in "
           f"{args.measurements})", flush=True)  # fmt: skip
+    failed: dict[str, str] = {}
     if not todo:
-        return
+        return failed
     settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu",
                              timeout_s=args.timeout)  # fmt: skip
     done = 0
@@ -160,7 +201,8 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
         for index in range(args.rounds):
             shift = index % len(plans)
             for plan in plans[shift:] + plans[:shift]:
-                runs = seconds.setdefault(plan.model_dump_json(), [])
+                key = plan.model_dump_json()
+                runs = seconds.setdefault(key, [])
                 if len(runs) > index:
                     continue
                 done += 1
@@ -170,14 +212,19 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
                 outcome = classify_outcome(run.returncode, run.timed_out, result, run.stderr_tail)
                 if outcome != "ok" or result is None or result.step_time is None:
                     last = [line for line in run.stderr_tail.splitlines() if line.strip()][-1:]
-                    print(f"{outcome}: {(result and result.error) or ''.join(last)[:160]}")
+                    failed[key] = f"{outcome}: {(result and result.error) or ''.join(last)[:160]}"
+                    print(failed[key])
                     continue
+                failed.pop(key, None)
                 print(f"{result.step_time:.3f} s/step ({run.duration_s:.0f} s)", flush=True)
                 runs.append(result.step_time)
+                if result.peak is not None:
+                    peaks.setdefault(key, []).append(result.peak)
                 if entry.get("link") is None and result.link is not None:
                     entry["link"] = result.link.model_dump(mode="json")
                     print(f"link swept by the ranks: {_link(result.link)}")
                 _save(args.measurements, kept)
+    return failed
 
 
 def rank_correlation(xs: list[float], ys: list[float]) -> float | None:
@@ -224,12 +271,19 @@ def print_table(composition: Any, plans: list[Any], seconds: dict[str, list[floa
     print(f"{len(unmeasured)} plans without an ok measurement: {', '.join(unmeasured) or '–'}")
     if not pairs:
         return
+    from autotune.estimator import STEP_SECONDS_BAND
+
+    low, high = STEP_SECONDS_BAND
+    inside = sum(low <= m / p <= high for p, m, _ in pairs)
     size = sorted(abs(error) for _, _, error in pairs)
     rho = rank_correlation([p for p, _, _ in pairs], [m for _, m, _ in pairs])
     p90 = size[min(len(size) - 1, round(0.9 * (len(size) - 1)))]
     print(f"{len(pairs)} plans compared: |error| median {100 * statistics.median(size):.1f} %, "
           f"p90 {100 * p90:.1f} %; Spearman rank correlation of predicted and measured seconds "
           f"{'–' if rho is None else f'{rho:.3f}'}")  # fmt: skip
+    above = sum(m / p > high for p, m, _ in pairs)
+    print(f"{inside} of {len(pairs)} measured inside the predicted interval (x{low:g} to "
+          f"x{high:g} the predicted seconds), {above} above it, {len(pairs) - inside - above} below")  # fmt: skip
 
 
 def _provenance() -> str:
@@ -249,21 +303,12 @@ def _load() -> str:
 def main() -> None:
     args = _arguments()
     from autotune import compose
-    from autotune.records import AutotuneError, LinkMeasure, Machine, read_json
+    from autotune.records import AutotuneError, LinkMeasure, Machine
 
     started, load = time.monotonic(), _load()
-    model = str(Path(args.model).resolve())
-    sha = hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    model, sha, record, kept = prepare(args)
     try:
-        make_plans(args, blocks=None)  # every text checked before any profiling; L is known after
-        record = _kept_profile(args, sha)
-        kept = read_json(args.measurements, "measurements") if args.measurements.exists() else {}
-    except AutotuneError as error:
-        _refuse(str(error))
-    try:
-        record = record or _profile(args, model)
-        stack = record.model.block_stack
-        plans = make_plans(args, stack.count if stack else 1)
+        record, plans = profiled_plans(args, model, record)
         entry = kept.setdefault(sha, {"model": model})
         measure(args, model, plans, entry, kept)
     except AutotuneError as error:

@@ -1,0 +1,103 @@
+"""bench/grid_124m.py builds the whole grid, refuses bad flags before any work, and picks the
+best plan only among those whose measured peak fits."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import grid_124m  # noqa: E402
+from step_time import make_plans  # noqa: E402
+
+GIB = 2**30
+ENGINES = [("deepspeed", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3),
+           ("fsdp2", 2), ("fsdp2", 3)]  # fmt: skip
+SPLITS = [(4, 1), (2, 2), (1, 4)]
+"""(mb, ga) with mb x ga x 2 ranks = global batch 8."""
+
+
+def _plans(narrow: str | None, blocks: int) -> set[tuple[object, ...]]:
+    args = argparse.Namespace(plans=[], grid=grid_124m.grid_spec(4, narrow), nproc_per_node=2,
+                              global_batch=8)  # fmt: skip
+    plans = make_plans(args, blocks)
+    found: set[tuple[object, ...]] = {(p.engine, p.zero_stage, p.precision, p.checkpoint_blocks, p.micro_batch,
+              p.grad_accum) for p in plans}  # fmt: skip
+    assert len(found) == len(plans) and {p.world_size for p in plans} == {2}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("blocks", "depths"),
+    [(12, (0, 6, 12)), (1, (0, 1))],  # one block: half of it is all of it, counted once
+)
+def test_the_whole_grid_at_two_ranks_and_global_batch_8(blocks: int, depths: tuple[int, ...]) -> None:  # fmt: skip
+    expected = {
+        (engine, stage, precision, ckpt, mb, ga)
+        for (engine, stage), precision, ckpt, (mb, ga) in itertools.product(
+            ENGINES, ("fp32", "bf16"), depths, SPLITS
+        )
+    }
+    assert len(expected) == 6 * 2 * len(depths) * 3
+    assert _plans(None, blocks) == expected
+
+
+def test_a_narrowed_grid_keeps_the_other_axes_whole() -> None:
+    assert _plans("engines=zero1 precision=bf16 ckpt=none", 12) == {
+        ("deepspeed", 1, "bf16", 0, mb, ga) for mb, ga in SPLITS
+    }
+    assert len(_plans("engines=fsdp2-3 ga=2", 12)) == 2 * 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--budget", "3"], "--budget"),
+        (["--global-batch", "7"], "--global-batch"),
+        (["--grid", "mb=2"], "--grid"),
+        (["--grid", "engines=zero9"], "--grid"),  # refused by prepare, before any profile
+        (["--grid", "ga=3"], "--global-batch"),
+        (["--rounds", "0"], "--rounds"),
+        (["--nproc-per-node", "3"], "--global-batch"),
+        (["--measurements", "/no/such/folder/m.json"], "--measurements"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_flag(
+    argv: list[str], flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    model = Path(__file__).resolve().parents[2] / "examples" / "tiny_llama.py"
+    command = ["grid_124m.py", str(model), "--measurements", str(tmp_path / "m.json"), *argv]
+    monkeypatch.setattr(sys, "argv", command)
+    with pytest.raises(SystemExit) as stop:
+        grid_124m.prepare(grid_124m._arguments())
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"autotune: {flag}"), err
+    assert not list(tmp_path.iterdir())  # nothing profiled, nothing written
+
+
+def _row(plan: str, seconds: tuple[float, ...], peak: float | None) -> grid_124m.Row:
+    return grid_124m.Row(plan=plan, samples=8, seconds=seconds,
+                         peak=None if peak is None else int(peak * GIB), predicted=GIB)  # fmt: skip
+
+
+def test_the_best_fits_and_the_near_ones_are_counted() -> None:
+    table = [
+        _row("over", (1.0,), 3.5),  # fastest, but its measured peak is over the budget
+        _row("unknown peak", (1.0,), None),  # not known to fit
+        _row("best", (2.0, 1.9, 2.4), 2.9),  # median 2.0 s: 4 samples/s
+        _row("near", (2.04,), 3.0),  # 3.92 samples/s: within 2 %
+        _row("far", (2.1,), 1.0),  # 3.81: not
+        _row("failed", (), None),
+    ]
+    top, near = grid_124m.best(table, 3 * GIB)
+    assert top is not None and top.plan == "best" and top.rate == pytest.approx(4.0)
+    assert [row.plan for row in near] == ["near"]
+    assert table[0].fits(3 * GIB) is False and table[1].fits(3 * GIB) is None
+    assert grid_124m.best(table[:2], 3 * GIB) == (None, [])
