@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +32,10 @@ from typing import Any
 from step_time import (
     _load,
     _Parser,
-    _provenance,
     _refuse,
     check_arguments,
+    exits,
+    footer,
     measure,
     prepare,
     profiled_plans,
@@ -203,13 +203,13 @@ def _list(plans: list[Any], predicted: dict[str, int]) -> None:
 
 def main() -> None:
     args = _arguments()
-    from autotune.records import AutotuneError, format_bytes
+    from autotune.records import format_bytes
 
     started, load = time.monotonic(), _load()
     model, sha, record, kept = prepare(args)
     entry = kept.setdefault(sha, {"model": model})
     failed: dict[str, str] = {}
-    try:
+    with exits(args.measurements):
         record, plans = profiled_plans(args, model, record)
         predicted = _predicted(record, plans, args.nproc_per_node)
         bar = args.budget_bytes * SLACK
@@ -224,22 +224,13 @@ def main() -> None:
             _list(run, predicted)
             return
         failed = measure(args, model, run, entry, kept) if run else {}
-    except AutotuneError as error:
-        print(f"autotune: {error}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; the rounds measured are kept in {args.measurements}", file=sys.stderr)  # fmt: skip
-        sys.exit(130)
     # a plan dropped now but measured before (another estimate) is still shown by its measurement
     shown = [p for p in plans if p in run or entry.get("seconds", {}).get(p.model_dump_json())]
     print(f"\nmodel {Path(model).name} ({record.model.parameters:,} parameters), "
           f"{args.nproc_per_node} ranks on cpu, global batch {args.global_batch}, budget "
           f"{format_bytes(args.budget_bytes)} per rank (measured peak: the trial's, largest rank)")  # fmt: skip
     print_table(rows(shown, entry, predicted, failed), args.budget_bytes)
-    print(f"load average (1/5/15 min): {load} at start, {_load()} at end; "
-          f"{time.monotonic() - started:.0f} s")  # fmt: skip
-    print(f"command: {' '.join(sys.argv)}")
-    print(_provenance())
+    footer(load, started)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ measurements.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -300,23 +302,40 @@ def _load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def main() -> None:
-    args = _arguments()
-    from autotune import compose
-    from autotune.records import AutotuneError, LinkMeasure, Machine
+@contextlib.contextmanager
+def exits(measurements: Path) -> Iterator[None]:
+    """An AutotuneError ends the run with its line (exit 1), Ctrl-C with 130, the rounds kept."""
+    from autotune.records import AutotuneError
 
-    started, load = time.monotonic(), _load()
-    model, sha, record, kept = prepare(args)
     try:
-        record, plans = profiled_plans(args, model, record)
-        entry = kept.setdefault(sha, {"model": model})
-        measure(args, model, plans, entry, kept)
+        yield
     except AutotuneError as error:
         print(f"autotune: {error}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; the rounds measured are kept in {args.measurements}", file=sys.stderr)  # fmt: skip
+        print(f"\ninterrupted; the rounds measured are kept in {measurements}", file=sys.stderr)
         sys.exit(130)
+
+
+def footer(load: str, started: float) -> None:
+    """The load average, the run's seconds, the command and the provenance."""
+    print(f"load average (1/5/15 min): {load} at start, {_load()} at end; "
+          f"{time.monotonic() - started:.0f} s")  # fmt: skip
+    print(f"command: {' '.join(sys.argv)}")
+    print(_provenance())
+
+
+def main() -> None:
+    args = _arguments()
+    from autotune import compose
+    from autotune.records import LinkMeasure, Machine
+
+    started, load = time.monotonic(), _load()
+    model, sha, record, kept = prepare(args)
+    with exits(args.measurements):
+        record, plans = profiled_plans(args, model, record)
+        entry = kept.setdefault(sha, {"model": model})
+        measure(args, model, plans, entry, kept)
     machine = Machine(device="cpu", nproc_per_node=args.nproc_per_node)
     composition = compose.compose(record, machine=machine)
     if entry.get("link") is not None:
@@ -328,10 +347,7 @@ def main() -> None:
     for figure, why in record.flags.items():
         print(f"profile flag {figure}: {why}")
     print_table(composition, plans, entry["seconds"])
-    print(f"load average (1/5/15 min): {load} at start, {_load()} at end; "
-          f"{time.monotonic() - started:.0f} s")  # fmt: skip
-    print(f"command: {' '.join(sys.argv)}")
-    print(_provenance())
+    footer(load, started)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,9 @@ def _print_tune(record: object, wall: float) -> None:
     rec = getattr(record, "recommendation", None)
     print(f"tune: {wall:.0f} s wall, {len(measured)} trials measured, {len(skipped)} plans "
           f"skipped unrun (predicted misfit, slower, or repeated)")  # fmt: skip
+    phases = getattr(record, "wall_time", None)
+    if phases is not None:
+        print(f"tune's own breakdown: {phases.describe()}")
     print("| # | role | plan | outcome | samples/s | start-up s | steps s (n) | reason |")
     print("|---|---|---|---|---|---|---|---|")
     for t in trials:

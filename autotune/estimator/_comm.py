@@ -189,13 +189,22 @@ def fit_link(points: Sequence[LinkPoint], world_size: int) -> tuple[float, float
 
 
 def link_measure(points: Sequence[LinkPoint], world_size: int, backend: str) -> LinkMeasure:
-    """The record of a sweep: its points and the fit (:func:`fit_link`)."""
+    """The record of a sweep: its points and the fit (:func:`fit_link`); a collective whose own
+    points do not grow with size (a noisy sweep of a fast link) has no fit of its own, and is
+    timed on the fit of all the points.
+
+    Raises:
+        ValueError: all the points together do not grow with size (:func:`fit_link`).
+    """
     latency, bandwidth = fit_link(points, world_size)
     fits = {}
     for collective in dict.fromkeys(p.collective for p in points):
         own = [p for p in points if p.collective == collective]
         if len({p.nbytes for p in own}) >= 2:
-            lat, bw = fit_link(own, world_size)
+            try:
+                lat, bw = fit_link(own, world_size)
+            except ValueError:
+                continue
             fits[collective] = LinkFit(latency_s=lat, bandwidth_bytes_per_s=bw)
     return LinkMeasure(world_size=world_size, backend=backend, latency_s=latency,
                        bandwidth_bytes_per_s=bandwidth, collectives=fits,

@@ -4,6 +4,7 @@ all-gather and reduce-scatter at a few sizes, fitted to latency and bus bandwidt
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,7 +85,14 @@ def sweep(group: Any = None, sizes: Sequence[int] = SIZES, repeats: int = REPEAT
 
 def trial_link() -> LinkMeasure | None:
     """The link between a trial's ranks, swept once its steps are done: every rank calls this
-    after the trial; ``None`` in a single-process trial."""
+    after the trial; ``None`` in a single-process trial, or where the sweep's times do not grow
+    with size (a noisy sweep of a fast link: the trial's own result stands, the next trial
+    sweeps again)."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return None
-    return sweep()
+    try:
+        return sweep()
+    except ValueError as error:  # every rank fits the same all-reduced times: all get here
+        print(f"autotune: link sweep not fitted ({error}); the trial stands without it",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None

@@ -87,6 +87,35 @@ def test_the_fit_recovers_latency_and_bus_bandwidth() -> None:
         fit_link(_points(5e-4, 6e7, 6e7)[:1], 2)
 
 
+def test_a_collective_whose_noisy_points_shrink_with_size_is_timed_on_the_whole_fit() -> None:
+    # the open loopback in bench/shaped_link.py: a 64 KiB all-gather at 6.4 ms, 4 MiB at 4.2 ms
+    points = [p for p in _points(5e-4, 6e7, 6e7) if p.collective == "all_reduce"]
+    points += [LinkPoint(collective="all_gather", nbytes=size, seconds=t, low=t, high=t, repeats=1)
+               for size, t in ((2**16, 6.4e-3), (2**20, 5.0e-3), (2**22, 4.2e-3))]  # fmt: skip
+    with pytest.raises(ValueError, match="do not grow with size"):
+        fit_link([p for p in points if p.collective == "all_gather"], 2)
+    measure = link_measure(points, 2, "gloo")
+    assert set(measure.collectives) == {"all_reduce"}
+    assert measure.collectives["all_reduce"].bandwidth_bytes_per_s == pytest.approx(6e7)
+    # the all-gather is timed on the fit of every point, which still grows with size
+    assert measure.bandwidth_bytes_per_s > 0
+
+
+def test_a_sweep_that_cannot_be_fitted_leaves_the_trial_without_a_link(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autotune.runtime import link
+
+    def unfitted() -> None:
+        raise ValueError("collective times do not grow with size (slope -8.7e-12 s/byte)")
+
+    monkeypatch.setattr(link.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(link.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(link, "sweep", unfitted)
+    assert link.trial_link() is None
+    assert "link sweep not fitted" in capsys.readouterr().err
+
+
 def test_a_given_speed_overrides_the_measured_link_and_the_note_names_the_source() -> None:
     measure = link_measure(_points(5e-4, 6e7, 6e7), 2, "gloo")
     plan = parse_plan("stage=2,nproc_per_node=1,nnodes=2")

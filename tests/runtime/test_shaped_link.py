@@ -13,19 +13,13 @@ Run as root with ``ip`` and ``tc`` (iproute2); skipped elsewhere, failed under `
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _link_job import LinkJobError, link_namespace, namespace_problem, run_job
 from conftest import unavailable
 
 from autotune.estimator import Link, collective_seconds, plan_link, step_calls, step_communication
@@ -34,7 +28,6 @@ from autotune.records import LinkMeasure, Machine, Plan, parse_plan
 pytestmark = pytest.mark.slow
 pytest.importorskip("deepspeed")
 
-HERE = Path(__file__).resolve().parents[1]
 RATE = "1gbit"
 PLANS = {
     "zero2": "stage=2,mb=4,ga=2",
@@ -47,64 +40,23 @@ JOB_TIMEOUT_S = 240
 TOLERANCE = 0.25
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture
 def namespace() -> Iterator[str]:
     """A network namespace of the test's own, its loopback up; deleted at the end."""
-    if os.geteuid() != 0:
-        unavailable("a network namespace needs root")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            unavailable(f"{tool} is not on PATH (Debian: apt-get install iproute2)")
-    name = f"autotune-link-{uuid.uuid4().hex[:8]}"
-    _ip("netns", "add", name)
-    try:
-        _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
+    problem = namespace_problem()
+    if problem is not None:
+        unavailable(problem)
+    with link_namespace() as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
 
 
 def _run_job(namespace: str, out: Path) -> dict[str, Any]:
-    """Both nodes' torchrun inside the namespace, each in its own process group, killed if the
-    job outlives its deadline or the test fails."""
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-               PYTHONPATH=str(HERE.parent))  # fmt: skip
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/autotune-torch-extensions"))
-    env.pop("RANK", None)
-    command = ["ip", "netns", "exec", namespace, sys.executable, "-m", "torch.distributed.run",
-               "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-               "--rdzv-endpoint=127.0.0.1:29517", f"--rdzv-id={namespace}", "--max-restarts=0",
-               "--local-addr=127.0.0.1", "--rdzv-conf=join_timeout=60",
-               str(HERE / "_link_rank.py"), str(out), RATE,
-               *(f"{name}={knobs}" for name, knobs in PLANS.items())]  # fmt: skip
-    logs = [out.with_suffix(f".node{i}.log") for i in range(2)]
-    nodes = []
+    """The 2-node job (``_link_job.run_job``): a failure or a node past the deadline fails the
+    test with both nodes' logs."""
     try:
-        for log in logs:
-            with log.open("w") as handle:
-                nodes.append(subprocess.Popen(command, env=env, stdout=handle, stderr=handle,
-                                              start_new_session=True))  # fmt: skip
-        for node in nodes:
-            try:
-                node.wait(timeout=JOB_TIMEOUT_S)  # the two-node job: sweep and 3 plans
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"the 2-node job ran past {JOB_TIMEOUT_S} s: {_tail(logs)}")
-            assert node.returncode == 0, _tail(logs)
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait(timeout=10)
-    results: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-    return results
-
-
-def _tail(logs: list[Path]) -> str:
-    return "\n".join(f"--- {log.name}\n{log.read_text()[-2500:]}" for log in logs)
+        return run_job(namespace, out, RATE, PLANS, timeout_s=JOB_TIMEOUT_S)
+    except LinkJobError as error:
+        pytest.fail(str(error))
 
 
 def _link(measure: LinkMeasure, plan: Plan) -> Link:
