@@ -3,7 +3,7 @@
 Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/step_time.py MODEL --nproc-per-node 2 \\
            --global-batch 8 --profile-batch 1 --measurements FILE [--rounds 2] [--profile PROFILE] \\
            [--grid "engines=zero0,zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 \\
-                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...]
+                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--print-only]
 
 Predicted: ``estimate(plan).predicted_step_seconds`` of one profile (``--profile``, else FILE's
 ``.profile.json``, measured once), on the link the trials' ranks swept (as tune relinks). Measured:
@@ -12,7 +12,7 @@ median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans
 without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and peak and
 the first link, by model sha256 and plan JSON, written after every trial; a plan with its rounds
 there is not run again, so a run resumes and a changed estimate re-prints against the same
-measurements.
+measurements; ``--print-only`` runs no trial at all (a plan FILE lacks shows no measurement).
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--measurements", type=Path, required=True, help="JSON file, kept and reused")  # fmt: skip
     parser.add_argument("--profile", type=Path, help="a saved ProfileRecord JSON (default: measure)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per trial")
+    parser.add_argument("--print-only", action="store_true",
+                        help="run no trial: print this commit's predictions against the kept "
+                        "measurements (plans without them show no measurement)")  # fmt: skip
     args = parser.parse_args()
     check_arguments(args)
     if not args.plans and not args.grid:
@@ -335,7 +338,8 @@ def main() -> None:
     with exits(args.measurements):
         record, plans = profiled_plans(args, model, record)
         entry = kept.setdefault(sha, {"model": model})
-        measure(args, model, plans, entry, kept)
+        if not args.print_only:
+            measure(args, model, plans, entry, kept)
     machine = Machine(device="cpu", nproc_per_node=args.nproc_per_node)
     composition = compose.compose(record, machine=machine)
     if entry.get("link") is not None:
@@ -346,7 +350,7 @@ def main() -> None:
           f"micro-batch {record.config.batch_size}; {args.nproc_per_node} ranks on cpu")  # fmt: skip
     for figure, why in record.flags.items():
         print(f"profile flag {figure}: {why}")
-    print_table(composition, plans, entry["seconds"])
+    print_table(composition, plans, entry.get("seconds", {}))
     footer(load, started)
 
 
