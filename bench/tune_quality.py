@@ -158,7 +158,7 @@ def remeasure(pool: PoolRunner, settings: TrialSettings, pick: Plan, top: list[P
         values = [r[i] for r in table if r[i]]
         ratios = [r[0] / r[i] for r in table if r[0] and r[i]]
         label = " (tune's pick)" if i == 0 else (" (grid's best, re-measured)" if i == best else "")
-        print(f"| {plan.describe()}{label} | {medians[i]:.1f} [{min(values):.1f}, {max(values):.1f}] "
+        print(f"| {plan.describe()}{label} | {medians[i]:.3g} [{min(values):.3g}, {max(values):.3g}] "
               f"| {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] |")  # fmt: skip
     print(f"tune's pick / the grid's best: {medians[0] / medians[best]:.3f} (medians)")
 

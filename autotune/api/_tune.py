@@ -14,7 +14,15 @@ from autotune import compose
 from autotune.api._common import check_model_path, default_guard, tune_records
 from autotune.compose import Composition
 from autotune.policy import load_policy
-from autotune.records import AutotuneError, Machine, Plan, ProfileRecord, TuneOptions, read_record
+from autotune.records import (
+    AutotuneError,
+    Machine,
+    Plan,
+    ProfileRecord,
+    TimedSteps,
+    TuneOptions,
+    read_record,
+)
 from autotune.search import (
     AgentRunner,
     PoolRunner,
@@ -25,6 +33,7 @@ from autotune.search import (
     open_study,
     parse_endpoint,
     serve,
+    shared_profiles,
     trial_settings,
     tune,
 )
@@ -138,7 +147,14 @@ def _tune_file(
 
     check_identity(study, measured_on(model_path, machine.device), options.study_name)
     began = time.monotonic()
-    composition = tune_composition(model_path, saved, options, machine)
+    shared_note = None
+    if saved is None:  # the study's profiles: one set per study, so every worker predicts alike
+        shared, shared_note = shared_profiles(
+            study, lambda: _fresh_profiles(model_path, options, machine)
+        )
+        composition = _composed(shared.profile, shared.second, options, machine)
+    else:
+        composition = tune_composition(model_path, saved, options, machine)
     profiled = time.monotonic() - began
     record, machine = composition.profile, composition.machine
     assert record is not None and composition.policy is not None
@@ -176,8 +192,9 @@ def _tune_file(
         wall = wall.with_phases(total_s=time.monotonic() - began, profile_s=profiled,
                                 startup_s=starting)  # fmt: skip
     tuned = tuned.model_copy(update={"block_stack": stack, "wall_time": wall})
-    if blocked is not None:
-        tuned = tuned.model_copy(update={"notes": [blocked, *tuned.notes]})
+    first = [note for note in (shared_note, blocked) if note is not None]
+    if first:
+        tuned = tuned.model_copy(update={"notes": [*first, *tuned.notes]})
     if tuned.recommendation is None:
         return tuned
     # The trials sized ZeRO's buckets to the model; the emitted config must do the same.
@@ -192,13 +209,22 @@ def tune_composition(
     file), else two short fresh ones (:func:`autotune.compose.short_profiles`), composed on
     the machine for the global batch and the policy file."""
     if saved is not None:
-        record, more = compose.completed(saved, model_path), []
-    else:
-        per_rank = options.global_batch // machine.world_size
-        record, second = compose.short_profiles(model_path, per_rank, machine.device)
-        more = [second] if second is not None else []
+        return _composed(compose.completed(saved, model_path), None, options, machine)
+    return _composed(*_fresh_profiles(model_path, options, machine), options, machine)
+
+
+def _fresh_profiles(
+    model_path: str, options: TuneOptions, machine: Machine
+) -> tuple[ProfileRecord, TimedSteps | None]:
+    per_rank = options.global_batch // machine.world_size
+    return compose.short_profiles(model_path, per_rank, machine.device)
+
+
+def _composed(record: ProfileRecord, second: TimedSteps | None, options: TuneOptions,
+              machine: Machine) -> Composition:  # fmt: skip
     return compose.compose(record, machine=machine, global_batch=options.global_batch,
-                           more_profiles=more, policy_path=options.policy_path)  # fmt: skip
+                           more_profiles=[second] if second is not None else [],
+                           policy_path=options.policy_path)  # fmt: skip
 
 
 def _loader_knobs(model_path: str, policy: Plan, batch_size: int) -> tuple[Plan, str | None]:

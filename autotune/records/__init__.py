@@ -14,6 +14,7 @@ from autotune.records._io import (
     check_version,
     read_json,
     read_record,
+    redact,
     validate_record,
     write_record,
 )
@@ -172,6 +173,7 @@ __all__ = [
     "parse_plan",
     "read_json",
     "read_record",
+    "redact",
     "sigterm_unwinds",
     "relative_half_width",
     "validate_record",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +14,12 @@ from pydantic import BaseModel, ValidationError
 from autotune.records._errors import AutotuneError
 
 RecordT = TypeVar("RecordT", bound=BaseModel)
+
+
+def redact(text: str) -> str:
+    """``text`` (a URL, or a command line holding one) with any URL's password replaced by
+    ``***``: what is printed, logged or kept in a record or a study."""
+    return re.sub(r"(://[^:/@\s]*:)[^@/\s]*@", r"\1***@", text)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -36,6 +36,7 @@ from autotune.records import (
     StepTime,
     Throughput,
     TimedSteps,
+    redact,
 )
 from autotune.runtime import _cpu_allocator as cpu_allocator
 from autotune.runtime import _device as dev
@@ -573,7 +574,7 @@ def _largest_tied(model: nn.Module) -> int:
 
 def _provenance(model_file: ModelFile, command: str | None, label: str | None) -> Provenance:
     return Provenance(
-        command=command or " ".join(sys.argv),
+        command=redact(command or " ".join(sys.argv)),
         model_file=label or str(model_file.path),
         model_sha256=model_file.sha256,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),

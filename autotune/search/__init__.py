@@ -34,6 +34,7 @@ from autotune.search._compare import (
 )
 from autotune.search._identity import check_identity
 from autotune.search._pool import PoolRunner
+from autotune.search._profiles import shared_profiles
 from autotune.search._records import (
     Outcome,
     TrialRecord,
@@ -108,6 +109,7 @@ __all__ = [
     "ScriptProbe",
     "ScriptRunner",
     "serve",
+    "shared_profiles",
     "StepSplit",
     "stop_path",
     "storage_url",

@@ -5,14 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from autotune.records import AutotuneError
+from autotune.records import AutotuneError, redact
 
 POSTGRES_EXTRA = "pip install 'autotune-advisor[postgres]'"
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (messages end up in logs)."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def check_sqlite_path(url: str) -> None:

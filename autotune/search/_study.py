@@ -12,14 +12,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from autotune.records import HEARTBEAT_S, AutotuneError, Plan
+from autotune.records import HEARTBEAT_S, AutotuneError, Plan, redact
 from autotune.search._records import Role, TrialRecord, TrialState
 from autotune.search._runner import pid_alive
 from autotune.search._space import SearchSpace
 from autotune.search._storage_errors import (
     check_sqlite_path,
     lost_a_race,
-    redact,
     storage_error,
 )
 

@@ -155,5 +155,8 @@ def test_two_workers_on_postgres_lose_nothing_when_one_is_killed(
                if t.state.name in ("COMPLETE", "PRUNED")}  # fmt: skip
     steered = any("stopped after" in note for r in records for note in r["notes"])
     assert len(measured) == TRIALS or len(decided) == points or steered, figures
+    # One answer: the restarted worker predicted with the first profiles the study kept (two
+    # profiles of one model differ by the noise, and once steered the workers apart).
+    assert any("profiles read from the study" in note for note in records[1]["notes"]), figures
     assert records[0]["recommendation"]["plan"] == records[1]["recommendation"]["plan"]
     assert cpu_sets[0] is None or pinned > 0

@@ -104,3 +104,19 @@ def test_agents_and_their_jobs_keep_the_password_out(postgres_url: str, tmp_path
     assert any(key == "autotune:job" for key in attrs), "no job was posted"
     everything = [done.stdout, done.stderr, json.dumps(attrs), _everything_written(tmp_path)]
     assert all(PASSWORD not in text for text in everything)
+
+
+def test_a_profile_taken_under_a_storage_url_keeps_its_command_without_the_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tune's profile is kept in its study (one set per study): its command line, the
+    storage URL included, is recorded with the password masked."""
+    from autotune.runtime.profiler import profile
+
+    (tmp_path / "model.py").write_text(MODEL)
+    argv = ["autotune", "tune", "model.py", "--storage", f"postgresql://me:{PASSWORD}@db:5432/s"]
+    monkeypatch.setattr(sys, "argv", argv)
+    record = profile(tmp_path / "model.py", batch_size=1, steps=1, warmup=0, device="cpu")
+    assert record.provenance.command == (
+        "autotune tune model.py --storage postgresql://me:***@db:5432/s"
+    )

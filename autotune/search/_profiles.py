@@ -1,0 +1,87 @@
+"""One set of profiles per study: the first worker's, kept in the study for every other.
+
+Each worker of a shared study used to profile the model itself. Two profiles of one model
+differ by the machine's noise, so two workers predicted the same plan a few percent apart,
+steered and stopped differently, and could end on different recommendations. The first
+worker to profile claims the study's profiles (the creation of a marker study, unique in
+every Optuna RDB storage, as the final comparison is claimed) and stores them; every later
+worker, and a resume, reads them and profiles nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from autotune.records import ProfileRecord, TimedSteps
+
+ATTR = "autotune:profiles"
+"""The study user attribute holding ``{profile, second, by}``."""
+WAIT_S = 30.0
+"""How long a worker that lost the claim waits for the winner's profiles to appear (the winner
+writes them right after claiming; past this it is taken for dead and the worker's own stand)."""
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """A study's profiles and where they came from."""
+
+    profile: ProfileRecord
+    second: TimedSteps | None
+    by: str
+    """``host:pid`` of the worker that measured them."""
+
+
+def read(study: Any) -> Profiles | None:
+    """The profiles stored in the study (``None``: none yet, or unreadable by this version)."""
+    saved = study.user_attrs.get(ATTR)
+    if not isinstance(saved, dict):
+        return None
+    try:
+        second = saved.get("second")
+        return Profiles(
+            ProfileRecord.model_validate(saved["profile"]),
+            None if second is None else TimedSteps.model_validate(second),
+            str(saved.get("by", "?")),
+        )
+    except (KeyError, ValidationError):
+        return None
+
+
+def shared_profiles(study: Any,
+                    measure: Callable[[], tuple[ProfileRecord, TimedSteps | None]],
+                    wait_s: float = WAIT_S) -> tuple[Profiles, str]:  # fmt: skip
+    """The study's profiles: read where stored, else measured here (``measure``) and stored.
+
+    Returns:
+        The profiles every worker of the study predicts with, and a note saying whose they are.
+    """
+    import optuna
+
+    stored = read(study)
+    if stored is not None:
+        return stored, f"profiles read from the study (measured by {stored.by}): none taken here"
+    profile, second = measure()
+    mine = Profiles(profile, second, f"{socket.gethostname()}:{os.getpid()}")
+    try:
+        optuna.create_study(storage=study._storage, study_name=f"{study.study_name}:profiles")
+    except optuna.exceptions.DuplicatedStudyError:  # another worker profiled first: use theirs
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            stored = read(study)
+            if stored is not None:
+                return stored, (f"profiles read from the study (measured by {stored.by}, who "
+                                "claimed them first): this worker's own are not used")  # fmt: skip
+            time.sleep(0.2)
+        return mine, (f"the study's profiles were claimed but not stored within {wait_s:.0f} s: "
+                      "this worker predicts with its own")  # fmt: skip
+    study.set_user_attr(ATTR, {"profile": profile.model_dump(mode="json"),
+                               "second": None if second is None else second.model_dump(mode="json"),
+                               "by": mine.by})  # fmt: skip
+    return mine, "profiles taken here and kept in the study for its other workers"

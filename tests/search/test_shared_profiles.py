@@ -1,0 +1,76 @@
+"""Workers of one study predict with one set of profiles: the first worker's, kept in the study.
+
+Checked against Optuna's own storage: each worker opens the study afresh, as a process would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.records import ProfileRecord, TimedSteps
+from autotune.search import open_study, shared_profiles
+from tests._profiles import synthetic_profile
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _measures(profile: ProfileRecord, second: TimedSteps | None, calls: list[str], name: str):  # type: ignore[no-untyped-def]
+    def measure() -> tuple[ProfileRecord, TimedSteps | None]:
+        calls.append(name)
+        return profile, second
+
+    return measure
+
+
+def _second(profile: ProfileRecord) -> TimedSteps:
+    config = profile.config.model_copy(update={"batch_size": 4 * profile.config.batch_size})
+    return TimedSteps(config=config, time=profile.time)
+
+
+def test_the_first_worker_profiles_and_every_later_one_reads_its_profiles(tmp_path: Path) -> None:
+    storage = str(tmp_path / "s.db")
+    first, other = synthetic_profile(step=1.0), synthetic_profile(step=1.07)  # two runs' noise
+    assert first != other
+    calls: list[str] = []
+    mine, note = shared_profiles(open_study(storage, "s"),
+                                 _measures(first, _second(first), calls, "a"))  # fmt: skip
+    assert (mine.profile, mine.second) == (first, _second(first)) and "taken here" in note
+    # A second worker (and a resume) measures nothing and predicts with the first one's.
+    theirs, note = shared_profiles(open_study(storage, "s"), _measures(other, None, calls, "b"))
+    assert calls == ["a"]
+    assert theirs.profile == first and theirs.second == _second(first)
+    assert f"measured by {mine.by}" in note
+    # Another study profiles for itself.
+    own, _ = shared_profiles(open_study(storage, "t"), _measures(other, None, calls, "c"))
+    assert calls == ["a", "c"] and own.profile == other and own.second is None
+
+
+def test_of_two_workers_profiling_at_once_the_one_that_claims_first_is_used(tmp_path: Path) -> None:
+    storage = str(tmp_path / "s.db")
+    first, late = synthetic_profile(step=1.0), synthetic_profile(step=1.07)
+    study = open_study(storage, "s")
+
+    def racing() -> tuple[ProfileRecord, TimedSteps | None]:
+        # While this worker profiles, another one finishes first and keeps its profiles.
+        shared_profiles(open_study(storage, "s"), lambda: (first, None))
+        return late, None
+
+    used, note = shared_profiles(study, racing)
+    assert used.profile == first and "claimed them first" in note
+
+
+def test_a_claim_never_stored_leaves_the_worker_its_own_profiles_after_a_deadline(
+    tmp_path: Path,
+) -> None:
+    storage = str(tmp_path / "s.db")
+    study = open_study(storage, "s")
+    optuna.create_study(storage=study._storage, study_name="s:profiles")  # claimed, then died
+    own = synthetic_profile(step=1.0)
+    used, note = shared_profiles(study, lambda: (own, None), wait_s=1.0)
+    assert used.profile == own and "not stored within 1 s" in note
