@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autotune.records import ProfileRecord, TimedSteps
+from autotune.search._waits import NOTICE_AFTER_S, say
 
 ATTR = "autotune:profiles"
 """The study user attribute holding ``{profile, second, by}``."""
@@ -72,12 +73,17 @@ def shared_profiles(study: Any,
     try:
         optuna.create_study(storage=study._storage, study_name=f"{study.study_name}:profiles")
     except optuna.exceptions.DuplicatedStudyError:  # another worker profiled first: use theirs
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
+        began = time.monotonic()
+        told = False
+        while time.monotonic() < began + wait_s:
             stored = read(study)
             if stored is not None:
                 return stored, (f"profiles read from the study (measured by {stored.by}, who "
                                 "claimed them first): this worker's own are not used")  # fmt: skip
+            if not told and time.monotonic() - began > NOTICE_AFTER_S:
+                told = True
+                say(f"waiting up to {wait_s:.0f} s for the study's profiles from the worker "
+                    "that claimed them")  # fmt: skip
             time.sleep(0.2)
         return mine, (f"the study's profiles were claimed but not stored within {wait_s:.0f} s: "
                       "this worker predicts with its own")  # fmt: skip

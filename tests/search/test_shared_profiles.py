@@ -66,11 +66,15 @@ def test_of_two_workers_profiling_at_once_the_one_that_claims_first_is_used(tmp_
 
 
 def test_a_claim_never_stored_leaves_the_worker_its_own_profiles_after_a_deadline(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     storage = str(tmp_path / "s.db")
     study = open_study(storage, "s")
     optuna.create_study(storage=study._storage, study_name="s:profiles")  # claimed, then died
     own = synthetic_profile(step=1.0)
-    used, note = shared_profiles(study, lambda: (own, None), wait_s=1.0)
-    assert used.profile == own and "not stored within 1 s" in note
+    used, note = shared_profiles(study, lambda: (own, None), wait_s=4.0)
+    assert used.profile == own and "not stored within 4 s" in note
+    # The wait said what it waited for while it waited.
+    assert capsys.readouterr().err == (
+        "autotune: waiting up to 4 s for the study's profiles from the worker that claimed them\n"
+    )
