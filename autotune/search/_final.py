@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autotune.records import TrialSettings
+from autotune.search import _study
 from autotune.search._compare import compare, entries
 from autotune.search._records import Comparison, TrialRecord
 from autotune.search._runner import TrialRunner, pid_alive
@@ -70,20 +71,13 @@ def read(study: Any, key: str) -> Stored | None:
 
 def write(study: Any, key: str, comparison: Comparison) -> None:
     """Keep the comparison in the study for every other worker and rerun."""
-    by = f"{socket.gethostname()}:{os.getpid()}"
     study.set_user_attr(ATTR, {"key": key, "comparison": comparison.model_dump(mode="json"),
-                               "by": by})  # fmt: skip
+                               "by": _study.worker_name()})  # fmt: skip
 
 
 def claim(study: Any, key: str) -> bool:
     """Claim the comparison for ``key``: ``True`` for exactly one caller per key."""
-    import optuna
-
-    try:
-        optuna.create_study(storage=study._storage, study_name=marker_name(study.study_name, key))
-    except optuna.exceptions.DuplicatedStudyError:
-        return False
-    return True
+    return _study.claim(study, marker_name(study.study_name, key))
 
 
 def still_running(study: Any) -> list[int]:

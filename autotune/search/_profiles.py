@@ -10,8 +10,6 @@ worker, and a resume, reads them and profiles nothing.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autotune.records import ProfileRecord, TimedSteps
+from autotune.search import _study
 from autotune.search._waits import NOTICE_AFTER_S, say
 
 ATTR = "autotune:profiles"
@@ -63,16 +62,12 @@ def shared_profiles(study: Any,
     Returns:
         The profiles every worker of the study predicts with, and a note saying whose they are.
     """
-    import optuna
-
     stored = read(study)
     if stored is not None:
         return stored, f"profiles read from the study (measured by {stored.by}): none taken here"
     profile, second = measure()
-    mine = Profiles(profile, second, f"{socket.gethostname()}:{os.getpid()}")
-    try:
-        optuna.create_study(storage=study._storage, study_name=f"{study.study_name}:profiles")
-    except optuna.exceptions.DuplicatedStudyError:  # another worker profiled first: use theirs
+    mine = Profiles(profile, second, _study.worker_name())
+    if not _study.claim(study, f"{study.study_name}:profiles"):  # another worker profiled first
         began = time.monotonic()
         told = False
         while time.monotonic() < began + wait_s:

@@ -212,6 +212,27 @@ def recover_stale(study: Any) -> list[int]:
     return sorted(running[t._trial_id] for t in failed if t._trial_id in running)
 
 
+def worker_name() -> str:
+    """This worker as a study's records name it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim(study: Any, marker: str) -> bool:
+    """Claim ``marker`` for this caller: ``True`` for exactly one caller per marker.
+
+    The claim is the creation of a marker study named ``marker`` in the study's storage,
+    whose names every Optuna RDB storage keeps unique, so of two workers claiming at once
+    exactly one succeeds.
+    """
+    import optuna
+
+    try:
+        optuna.create_study(storage=study._storage, study_name=marker)
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
+
+
 def heartbeat_interval(study: Any) -> float:
     """The study storage's heartbeat interval in seconds (0 without heartbeats)."""
     return float(study._storage.get_heartbeat_interval() or 0)
