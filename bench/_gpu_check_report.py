@@ -61,6 +61,9 @@ class Measured:
     flops_per_token: float | None = None
     peak_flops: float | None = None
     peak_flops_source: str | None = None
+    bf16_fp32_ratio: float | None = None
+    memory_bandwidth: float | None = None
+    pcie_gbps: float | None = None
     note: str | None = None
 
     @classmethod
@@ -74,7 +77,10 @@ class Measured:
                    gpu_util=env.nvml.gpu_utilization_percent if env.nvml else None,
                    nvml_used=env.nvml.memory_used_bytes if env.nvml else None,
                    flops_per_token=per_token, peak_flops=compute.peak_flops_per_s,
-                   peak_flops_source=compute.peak_source, note=env.unavailable.get("nvml"))  # fmt: skip
+                   peak_flops_source=compute.peak_source,
+                   bf16_fp32_ratio=env.capabilities.bf16_fp32_speed_ratio,
+                   memory_bandwidth=env.memory_bandwidth_bytes_per_s, pcie_gbps=env.pcie_gbps,
+                   note=env.unavailable.get("nvml"))  # fmt: skip
 
     @classmethod
     def from_trial(cls, result: Any, extra: dict[str, Any], per_token: float | None,
@@ -143,6 +149,8 @@ class Results:
     commands: dict[str, str] = field(default_factory=dict)
     traced: dict[PlanKey, int] = field(default_factory=dict)
     profiled: dict[PlanKey, int] = field(default_factory=dict)
+    step_seconds: dict[PlanKey, float] = field(default_factory=dict)
+    """Seconds per step each plan is predicted at from the first profile (``autotune estimate``)."""
     measured: dict[PlanKey, Measured] = field(default_factory=dict)
     tune: TuneFigures | None = None
     zoo: str | None = None
@@ -230,7 +238,7 @@ def _cell(value: Any, kind: str = "") -> str:
 def _plan_rows(results: Results) -> list[str]:
     head = ["plan", "measured by", "peak (source)", "reserved", "reserved − peak", "NVML used",
             "predicted: model file", "error", "predicted: profile", "error", "step (s)",
-            "tokens/s", "MFU", "GPU util"]  # fmt: skip
+            "predicted step (s)", "error", "tokens/s", "MFU", "GPU util"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     keys = sorted(set(results.measured) | set(results.traced) | set(results.profiled))
     for key in keys:
@@ -247,7 +255,10 @@ def _plan_rows(results: Results) -> list[str]:
         for predicted in (results.traced.get(key), results.profiled.get(key)):
             error = (predicted - peak) / peak if predicted and peak else None
             cells += [_cell(predicted, "bytes"), _cell(error, "err")]
-        cells += [_cell(m.step_s if m else None), _cell(m.tokens_per_s if m else None, "int"),
+        step, predicted_step = (m.step_s if m else None), results.step_seconds.get(key)
+        step_error = (predicted_step - step) / step if step and predicted_step else None
+        cells += [_cell(step), _cell(predicted_step), _cell(step_error, "err"),
+                  _cell(m.tokens_per_s if m else None, "int"),
                   _cell(m.mfu if m else None, "pct"),
                   f"{m.gpu_util:.0f} %" if m and m.gpu_util is not None else "–"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
@@ -263,6 +274,7 @@ def _plans_section(results: Results) -> list[str]:
     for source, value in peaks.items():
         lines.append(f"MFU: model FLOPs (measured by the profile's FLOP counter) per second over "
                      f"the {source} peak, {value / 1e12:.3g} TFLOP/s (bf16).")  # fmt: skip
+    lines += _links(results)
     beyond = [(m.nvml_used - m.peak) / results.device_memory for m in results.measured.values()
               if m.nvml_used and m.peak and results.device_memory]  # fmt: skip
     if beyond:
@@ -270,6 +282,19 @@ def _plans_section(results: Results) -> list[str]:
                      f"CUDA context included) was {100 * min(beyond):.1f}–{100 * max(beyond):.1f} % "
                      f"of the device's memory; the estimate's margin keeps {100 * MARGIN:.0f} % free.")  # fmt: skip
     return [*lines, ""]
+
+
+def _links(results: Results) -> list[str]:
+    """What the profile read of the device's links (NVML) and its bf16/fp32 matmul ratio."""
+    profiled = [m for m in results.measured.values() if m.how == "autotune profile"]
+    if not profiled:
+        return []
+    m = profiled[0]
+    memory = f"{m.memory_bandwidth / 1e12:.3g} TB/s" if m.memory_bandwidth else "not read"
+    pcie = f"{m.pcie_gbps:.4g} Gbit/s one way" if m.pcie_gbps else "not read"
+    ratio = f"{m.bf16_fp32_ratio:.3g}" if m.bf16_fp32_ratio else "not measured"
+    return [f"Read by the profile: memory bandwidth {memory}, PCIe link {pcie} (NVML); a bf16 "
+            f"matmul ran x{ratio} the speed of an fp32 one (measured)."]  # fmt: skip
 
 
 def _tune_section(tune: TuneFigures) -> list[str]:

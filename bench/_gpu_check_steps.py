@@ -176,7 +176,8 @@ def _plan_args(keys: list[PlanKey]) -> list[str]:
 
 def _estimates(
     run: Run, results: Results, name: str, args: list[str], env: dict[str, str] | None
-) -> dict[PlanKey, int]:
+) -> dict[PlanKey, dict[str, Any]]:
+    """Each plan's estimate as ``autotune estimate --json`` printed it ({} where it failed)."""
     keys = run.plans()
     cmd = [*autotune_cli(), "estimate", *args, *_plan_args(keys), "--json"]
     done = run.command(name, cmd, cap=180, env=env)
@@ -185,7 +186,11 @@ def _estimates(
         return {}
     record = json.loads(done.stdout)
     results.commands[name] = "autotune " + " ".join(cmd[len(autotune_cli()) :])
-    return {PlanKey.of(plan["plan"]): int(plan["memory"]["peak"]) for plan in record["plans"]}
+    return {PlanKey.of(plan["plan"]): plan for plan in record["plans"]}
+
+
+def _peaks(estimates: dict[PlanKey, dict[str, Any]]) -> dict[PlanKey, int]:
+    return {key: int(plan["memory"]["peak"]) for key, plan in estimates.items()}
 
 
 def _trace_env() -> dict[str, str]:
@@ -196,7 +201,7 @@ def _trace_env() -> dict[str, str]:
 def run_traced_estimate(run: Run, results: Results) -> None:
     """Each plan's peak predicted from the model file alone (traced on fake tensors)."""
     args = [str(run.model), "-b", str(run.config.micro_batches[0])]
-    results.traced = _estimates(run, results, "estimate (model file)", args, _trace_env())
+    results.traced = _peaks(_estimates(run, results, "estimate (model file)", args, _trace_env()))
 
 
 def _profile_path(run: Run, key: PlanKey) -> Path:
@@ -227,13 +232,17 @@ def run_profiles(run: Run, results: Results) -> None:
 
 
 def run_profile_estimate(run: Run, results: Results) -> None:
-    """Each plan's peak predicted from the profile of the first plan (no checkpointing)."""
+    """Each plan's peak and seconds per step predicted from the profile of the first plan (no
+    checkpointing)."""
     first = PlanKey("amp_bf16", run.config.micro_batches[0], 0)
     if not _profile_path(run, first).is_file():
         results.skipped.append("estimate (profile): not run, the first profile is missing")
         return
     args = ["--profile", str(_profile_path(run, first))]
-    results.profiled = _estimates(run, results, "estimate (profile)", args, _trace_env())
+    estimates = _estimates(run, results, "estimate (profile)", args, _trace_env())
+    results.profiled = _peaks(estimates)
+    results.step_seconds = {key: plan["predicted_step_seconds"] for key, plan in estimates.items()
+                            if plan.get("predicted_step_seconds")}  # fmt: skip
 
 
 def _flops(results: Results) -> tuple[float | None, float | None]:

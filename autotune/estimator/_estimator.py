@@ -372,6 +372,13 @@ def estimate_plan(
         notes.append("communication time not included: no bandwidth given")
     if offload and offload_s is None:
         notes.append("offload transfer time not included: no PCIe bandwidth given")
+    elif offload:
+        link = ("read by NVML on the profiled GPU" if machine.pcie_source == "nvml"
+                else "--pcie-gbps")  # fmt: skip
+        notes.append(
+            f"offload moves {offload / 2**30:.2f} GiB per step over the host link at "
+            f"{machine.pcie_gbps:g} Gbit/s ({link}): {offload_s:.3f} s, not overlapped"
+        )
     ref = facts.baseline.plan if facts.baseline else (reference or plan)
     host_step = _host_optimizer_seconds(facts, plan)
     ratio, seconds, time_source, time_note = _step_ratio(

@@ -56,6 +56,9 @@ class Machine:
     a given ``intra_gbps`` / ``inter_gbps`` overrides it. ``None``: not measured."""
     pcie_gbps: float | None = None
     """Host-device link, Gbit/s (offload time); ``None``: unknown."""
+    pcie_source: Literal["given", "nvml"] | None = None
+    """Where ``pcie_gbps`` came from: the user (``--pcie-gbps``), or the link NVML read on the
+    profiled GPU (:meth:`with_default_budget`); ``None`` while it is unknown."""
     host_memory: int | None = None
     """Host RAM per node an offloaded plan's states may take, bytes or a size such as
     ``"512GiB"`` (``--host-memory``); ``None``: this machine's available memory, filled in with
@@ -116,7 +119,12 @@ class Machine:
         """This machine with a budget filled in where none was given, for the profiled device
         (:meth:`with_budget_for`)."""
         gpu = profile.environment.device_memory_bytes if profile.config.device == "cuda" else None
-        return self.with_budget_for(profile.config.device, gpu)
+        machine = self.with_budget_for(profile.config.device, gpu)
+        if self.pcie_gbps is not None:
+            return replace(machine, pcie_source=self.pcie_source or "given")
+        if profile.environment.pcie_gbps is not None:
+            return replace(machine, pcie_gbps=profile.environment.pcie_gbps, pcie_source="nvml")
+        return machine
 
     def with_budget_for(self, device_type: str, gpu_memory: int | None) -> Machine:
         """This machine with a budget filled in where none was given: ``gpu_memory`` for a

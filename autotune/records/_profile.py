@@ -272,6 +272,16 @@ class Environment(_Record):
         description="elements per second torch's fused Adam steps on this machine's CPU (a "
         "16 Mi-element probe): the rate an offloaded optimizer step runs at; None: not probed",
     )
+    memory_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        description="the GPU's memory bandwidth as NVML reads it (maximum memory clock x 2 x bus "
+        "width); None: not a GPU, or NVML could not say",
+    )
+    pcie_gbps: float | None = Field(
+        default=None,
+        description="the GPU's host link, Gbit/s one way, from the PCIe generation and width NVML "
+        "reports: what an offloaded plan's transfers cross; None: not a GPU, or NVML could not say",
+    )
     unavailable: dict[str, str] = Field(
         default_factory=dict, description="field -> why it could not be measured here"
     )

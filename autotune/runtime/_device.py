@@ -6,7 +6,7 @@ import importlib.metadata
 import importlib.util
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -191,6 +191,53 @@ def versions() -> dict[str, str | None]:
     except importlib.metadata.PackageNotFoundError:
         deepspeed = None
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": deepspeed}
+
+
+PCIE_LANE_GBPS = {1: 2.0, 2: 4.0, 3: 7.877, 4: 15.754, 5: 31.508, 6: 60.5}
+"""Usable Gbit/s of one PCIe lane, one direction, by generation (the line rate less its
+encoding: 8b/10b to generation 2, 128b/130b from 3, FLIT from 6)."""
+
+
+class Links(NamedTuple):
+    """What NVML reads of a GPU's own links (``None`` where it could not; ``reason`` says why)."""
+
+    memory_bytes_per_s: float | None
+    """Device memory bandwidth: the maximum memory clock x 2 (double data rate) x bus width."""
+    pcie_gbps: float | None
+    """Host link, Gbit/s one way: the link's maximum generation and width as NVML reports them."""
+    reason: str | None
+
+
+def nvml_links(device: torch.device) -> Links:
+    """The device's memory bandwidth and PCIe link, read from NVML (a CUDA device only)."""
+    if device.type != "cuda":
+        return Links(None, None, "not a CUDA device")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:  # NVMLError_LibraryNotFound and friends
+        return Links(None, None, f"NVML unavailable: {type(exc).__name__}: {exc}")
+    memory = pcie = None
+    reasons = []
+    try:
+        clock_hz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM) * 1e6
+        memory = 2 * clock_hz * pynvml.nvmlDeviceGetMemoryBusWidth(handle) / 8
+    except Exception as exc:  # NVML_ERROR_NOT_SUPPORTED on some virtual GPUs
+        reasons.append(f"memory bandwidth: {type(exc).__name__}: {exc}")
+    try:
+        generation = pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)
+        width = pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle)
+        lane = PCIE_LANE_GBPS.get(generation)
+        if lane is None or width <= 0:
+            reasons.append(f"PCIe: generation {generation} x{width} not known")
+        else:
+            pcie = lane * width
+    except Exception as exc:
+        reasons.append(f"PCIe: {type(exc).__name__}: {exc}")
+    return Links(memory or None, pcie, "; ".join(reasons) or None)
 
 
 class NvmlSampler:

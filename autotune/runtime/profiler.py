@@ -497,6 +497,11 @@ def _environment(
         unavailable["cuda_version"] = "torch is built without CUDA"
     if versions["deepspeed"] is None:
         unavailable["deepspeed_version"] = "deepspeed is not installed"
+    links = dev.nvml_links(device)
+    for field, value in (("memory_bandwidth_bytes_per_s", links.memory_bytes_per_s),
+                         ("pcie_gbps", links.pcie_gbps)):  # fmt: skip
+        if value is None:
+            unavailable[field] = links.reason or "not read"
     if device.type != "cuda":
         unavailable["capabilities.compute_capability"] = "not a CUDA device"
         unavailable["memory.cuda_reserved"] = "not a CUDA device"
@@ -512,6 +517,8 @@ def _environment(
         nvml=timings.nvml,
         threads=torch.get_num_threads(),
         host_adam_per_s=host.host_adam_rate(),
+        memory_bandwidth_bytes_per_s=links.memory_bytes_per_s,
+        pcie_gbps=links.pcie_gbps,
         unavailable=unavailable,
     )
     return environment, {BF16_RATIO_FIGURE: refused} if refused else {}

@@ -4,6 +4,8 @@ DeepSpeed's; a plan fits only where both sides fit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.estimator import ActivationSpec, ModelFacts, estimate_plan, host_bytes_per_node
@@ -139,6 +141,10 @@ def test_an_offloaded_step_costs_the_host_adam_step_and_the_transfer() -> None:
     gained = offloaded.predicted_step_seconds - on_device.predicted_step_seconds
     assert gained == pytest.approx(expected, rel=1e-9)
     assert any("optimizer steps on the host's CPU" in note for note in offloaded.notes)
+    assert any(f"at 200 Gbit/s (--pcie-gbps): {transfer:.3f} s" in note for note in offloaded.notes)
+    read = estimate_plan(_timed_facts(rate), offloaded.plan,
+                         machine=replace(machine, pcie_source="nvml"))  # fmt: skip
+    assert any("(read by NVML on the profiled GPU)" in note for note in read.notes)
 
 
 def test_without_a_probed_host_rate_an_offloaded_step_time_is_not_guessed() -> None:

@@ -62,3 +62,18 @@ def test_a_changed_copy_keeps_the_bytes() -> None:
 
     machine = Machine(device_memory="2GiB")
     assert replace(machine, margin=0.2).device_memory == 2 * GiB
+
+
+def test_the_host_link_is_the_flags_else_the_one_nvml_read_on_the_profiled_gpu() -> None:
+    from _profiles import synthetic_profile
+
+    record = synthetic_profile()  # a GPU profile that read no link
+    read = record.model_copy(
+        update={"environment": record.environment.model_copy(update={"pcie_gbps": 504.0})}
+    )
+    machine = Machine().with_default_budget(read)
+    assert (machine.pcie_gbps, machine.pcie_source) == (504.0, "nvml")
+    given = Machine(pcie_gbps=100.0).with_default_budget(read)
+    assert (given.pcie_gbps, given.pcie_source) == (100.0, "given")
+    unknown = Machine().with_default_budget(record)
+    assert (unknown.pcie_gbps, unknown.pcie_source) == (None, None)

@@ -200,6 +200,56 @@ def test_nvml_failures_give_none_with_the_reason(
     assert sampler.result() is None and sampler.reason == reason
 
 
+class LinkNvml(FakeNvml):
+    """NVML as an H200 SXM answers for its links: HBM3e at 3201 MHz on a 6144-bit bus, PCIe
+    generation 5 x16 (nvidia-smi's figures on the lent machine; the datasheet says 4.8 TB/s and
+    128 GB/s both ways)."""
+
+    NVML_CLOCK_MEM = 2
+
+    def __init__(self, generation: int = 5, fail: str | None = None) -> None:
+        super().__init__([1], [1], fail=fail)
+        self.generation = generation
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: str, clock: int) -> int:
+        if self.fail == "memory":
+            raise self.NVMLError("Not Supported")
+        return {self.NVML_CLOCK_MEM: 3201}[clock]
+
+    def nvmlDeviceGetMemoryBusWidth(self, handle: str) -> int:
+        return 6144
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: str) -> int:
+        return self.generation
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: str) -> int:
+        return 16
+
+
+def test_nvml_links_give_the_datasheets_memory_bandwidth_and_pcie_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", LinkNvml())
+    links = dev.nvml_links(CUDA)
+    assert links.reason is None
+    assert links.memory_bytes_per_s == pytest.approx(4.8e12, rel=0.03)
+    assert links.pcie_gbps == pytest.approx(128e9 / 2 * 8 / 1e9, rel=0.03)  # 512 Gbit/s one way
+
+
+@pytest.mark.parametrize(("nvml", "memory", "reason"), [
+    (LinkNvml(fail="init"), False, "NVML unavailable: NVMLError: Driver Not Loaded"),
+    (LinkNvml(fail="memory"), False, "memory bandwidth: NVMLError: Not Supported"),
+    (LinkNvml(generation=9), True, "PCIe: generation 9 x16 not known"),
+])  # fmt: skip
+def test_nvml_links_that_cannot_be_read_say_why(
+    monkeypatch: pytest.MonkeyPatch, nvml: LinkNvml, memory: bool, reason: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    links = dev.nvml_links(CUDA)
+    assert (links.memory_bytes_per_s is not None, links.reason) == (memory, reason)
+    assert dev.nvml_links(torch.device("cpu")).reason == "not a CUDA device"
+
+
 @pytest.fixture
 def mlp(tmp_path: Path) -> Path:
     path = tmp_path / "mlp.py"

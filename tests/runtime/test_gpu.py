@@ -33,6 +33,41 @@ def test_nvml_samples_utilisation_and_memory_while_the_gpu_works() -> None:
     assert 0 <= sample.gpu_utilization_percent <= 100
 
 
+def _copy_rate(source: Any, target: Any, repeats: int = 10) -> float:
+    """Bytes per second ``target.copy_(source)`` moves (the best of ``repeats``, CUDA events)."""
+    import torch
+
+    target.copy_(source, non_blocking=True)
+    best = math.inf
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        target.copy_(source, non_blocking=True)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return source.numel() * source.element_size() / best
+
+
+def test_nvml_links_bound_the_copies_torch_measures() -> None:
+    """The memory bandwidth and PCIe link NVML reads against copies timed on the GPU: a
+    device-to-device copy reads and writes every byte (2x its size), a pinned host-to-device copy
+    crosses the link once; each reaches a fair share of its bound and never beats it."""
+    import torch
+
+    from autotune.runtime._device import nvml_links
+
+    device = torch.device("cuda")
+    links = nvml_links(device)
+    assert links.memory_bytes_per_s is not None and links.pcie_gbps is not None, links.reason
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    memory = 2 * _copy_rate(big, torch.empty_like(big))
+    assert 0.5 * links.memory_bytes_per_s < memory <= 1.05 * links.memory_bytes_per_s
+    host = torch.empty(1 << 28, dtype=torch.uint8, pin_memory=True)
+    pcie_gbps = _copy_rate(host, big[: host.numel()]) * 8 / 1e9
+    assert 0.25 * links.pcie_gbps < pcie_gbps <= 1.05 * links.pcie_gbps
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_peak_flops_come_from_the_table_and_bound_a_measured_matmul(dtype: str) -> None:
     import torch
