@@ -210,8 +210,14 @@ def environment(device: str, repo: Path) -> dict[str, str]:
     """Date, GPU, driver and versions, read without starting CUDA in this process."""
     import torch
 
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              check=False).stdout.strip()  # fmt: skip
+
+    commit = git("rev-parse", "--short", "HEAD")
+    changed = len(git("status", "--porcelain", "--untracked-files=no").splitlines())
+    if commit and changed:
+        commit += f", with {changed} tracked files changed in the working tree"
     return {
         "date (UTC)": datetime.now(UTC).isoformat(timespec="seconds"),
         **_gpu(device),

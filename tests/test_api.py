@@ -9,7 +9,7 @@ from _profiles import hand_profile
 import autotune
 from autotune.api._common import tune_records
 from autotune.compose import compose
-from autotune.records import AutotuneError, Machine, Plan
+from autotune.records import AutotuneError, Machine, Plan, format_bytes
 
 
 def make_predict(profile, machine):  # noqa: ANN001, ANN201 - the tune road's prediction
@@ -26,7 +26,9 @@ def test_the_margin_decides_what_tune_prunes() -> None:
     default = make_predict(profile, Machine(device_memory=budget))(
         plan
     )  # 10 %, as `autotune tune` without --margin
-    assert not default.fits and "usable part" in (default.reason or "")
+    usable = format_bytes(budget * 0.9)
+    assert not default.fits and f"> {usable} usable (" in (default.reason or "")
+    assert "less the 10% margin" in (default.reason or "")
     # The margin moves the line, never the peak.
     assert make_predict(profile, Machine(device_memory=budget, margin=0.0))(plan).peak_bytes == peak
 
@@ -89,3 +91,14 @@ def test_recommend_refuses_a_model_too_large_to_profile_here_before_any_step(
         f"{6_738_415_616 / 1e9:.2f}B parameters take {16 * 6_738_415_616 / 2**30:.1f} GiB" in line
     )
     assert "autotune estimate --hf-config" in line
+
+
+def test_a_plan_whose_offloaded_states_overflow_the_host_says_so() -> None:
+    from _profiles import synthetic_profile
+
+    plan = Plan(micro_batch=2, zero_stage=2, offload_optimizer="cpu")
+    machine = Machine(device_memory="80GiB", host_memory="1GiB")
+    predicted = make_predict(synthetic_profile(), machine)(plan)
+    # 100M parameters' fp32 master weights and Adam moments alone are 1.2 GB > 1 GiB
+    assert not predicted.fits
+    assert "of host RAM per node > 1.00 GiB" in (predicted.reason or "")

@@ -82,8 +82,14 @@ class Composition:
         moment = est.memory.peak_composition.split(" ", 1)[0] or None
         if est.fits is not False:
             return Prediction(True, peak, est.source, step_time_ratio=ratio, peak_moment=moment)
-        reason = (f"peak {format_bytes(peak)} > usable part of "
-                  f"{format_bytes(self.machine.device_memory)} ({est.source})")  # fmt: skip
+        machine = self.machine
+        if machine.fits(peak) is False and machine.usable is not None:
+            reason = (f"peak {format_bytes(peak)} > {format_bytes(machine.usable)} usable "
+                      f"({format_bytes(machine.device_memory)} less the {machine.margin:.0%} "
+                      f"margin; {est.source})")  # fmt: skip
+        else:  # the device holds it; the offloaded states do not fit the host
+            reason = (f"offloaded states take {format_bytes(est.host_bytes_per_node)} of host "
+                      f"RAM per node > {format_bytes(machine.host_memory)}")  # fmt: skip
         return Prediction(False, peak, est.source, reason, step_time_ratio=ratio,
                           peak_moment=moment)  # fmt: skip
 

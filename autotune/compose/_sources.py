@@ -5,12 +5,14 @@ functions, so importing this module imports no torch."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.estimator import ModelFacts
 from autotune.records import (
     AUTOCAST_PLAN_PRECISION,
+    DEFAULT_MARGIN,
     SHORT_PROFILE_STEPS,
     SHORT_PROFILE_WARMUP,
     TIME_PROFILE_STEPS,
@@ -113,12 +115,35 @@ def short_profiles(
     first = profile_model(model_path, batch_size=min(SHORT_BATCH, per_rank),
                           steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
                           device=device)  # fmt: skip
-    batch = min(per_rank, 4 * first.config.batch_size)
+    import torch
+
+    batch = min(per_rank, 4 * first.config.batch_size, _largest_fitting_batch(first))
     if batch <= first.config.batch_size:
         return first, None
-    second = timed_steps(model_path, batch_size=batch, steps=TIME_PROFILE_STEPS,
-                         warmup=SHORT_PROFILE_WARMUP, device=device)  # fmt: skip
+    try:
+        second = timed_steps(model_path, batch_size=batch, steps=TIME_PROFILE_STEPS,
+                             warmup=SHORT_PROFILE_WARMUP, device=device)  # fmt: skip
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        print(f"autotune: note: the timed steps at micro-batch {batch} ran out of memory "
+              f"({type(exc).__name__}); each phase's time is taken as proportional to the "
+              "micro-batch", file=sys.stderr)  # fmt: skip
+        return first, None
     return first, second
+
+
+def _largest_fitting_batch(first: ProfileRecord) -> int:
+    """The largest micro-batch whose fp32 step the first profile predicts to fit its GPU's
+    memory less the default margin: its peak plus the activations of each sample more (no bound
+    on a CPU, where the host's memory is the device's)."""
+    total, memory = first.environment.device_memory_bytes, first.memory
+    if first.config.device != "cuda" or not total:
+        return sys.maxsize
+    fit = memory.activation_fit
+    per_sample = fit.per_sample if fit else memory.activations / first.config.batch_size
+    room = total * (1 - DEFAULT_MARGIN) - memory.peak
+    return (
+        first.config.batch_size + max(0, int(room // per_sample)) if per_sample > 0 else sys.maxsize
+    )
 
 
 def profiled_model(record: ProfileRecord) -> Path | None:

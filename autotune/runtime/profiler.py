@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._guards import detect_fake_mode
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from autotune import __version__
 from autotune.estimator import BF16_RATIO_FIGURE, bf16_ratio_problem, check_figures
@@ -50,20 +50,34 @@ Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``, called as the profile advances."""
 
 
-def _cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kw: Any) -> int:
-    return int(sdpa_flop_count(query.shape, key.shape, value.shape))
+def _attention_flops(query: Any, key: Any, value: Any, *args: Any, **kw: Any) -> int:
+    """Q K^T and the scores times V: 2 FLOPs per multiply-add, every query head (grouped-query
+    key/value heads are broadcast to the query's, as the kernels do)."""
+    b, heads, s_q, d_q = query.shape
+    s_k, d_v = key.shape[-2], value.shape[-1]
+    return 2 * b * heads * s_q * s_k * (d_q + d_v)
 
 
-def _cpu_sdpa_backward(grad: Any, query: Any, key: Any, value: Any, *args: Any, **kw: Any) -> int:
-    return int(sdpa_backward_flop_count(grad.shape, query.shape, key.shape, value.shape))
+def _attention_backward_flops(grad: Any, query: Any, key: Any, value: Any, *args: Any,
+                              **kw: Any) -> int:  # fmt: skip
+    """The fused backward: the scores recomputed (Q K^T), then the gradients of the scores, V, Q
+    and K, one product each."""
+    b, heads, s_q, d_q = query.shape
+    s_k, d_v = key.shape[-2], value.shape[-1]
+    return 2 * b * heads * s_q * s_k * (3 * d_q + 2 * d_v)
 
 
-# FlopCounterMode has no formula for the CPU fused attention kernel (its FLOPs would vanish).
-_cpu_sdpa._get_raw = True  # type: ignore[attr-defined]
-_cpu_sdpa_backward._get_raw = True  # type: ignore[attr-defined]
+# FlopCounterMode has no formula for the CPU fused attention kernel (its FLOPs would vanish), and
+# torch before 2.13 asserts on grouped-query shapes in its SDPA formulas (a GQA model's profile
+# on a GPU failed there): every fused SDPA op is counted by the two formulas above.
+_attention_flops._get_raw = True  # type: ignore[attr-defined]
+_attention_backward_flops._get_raw = True  # type: ignore[attr-defined]
+_SDPA_OPS = ("flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention")
 _FLOP_FORMULAS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+    getattr(torch.ops.aten, f"_scaled_dot_product_{name}{suffix}"): formula
+    for name in _SDPA_OPS
+    for suffix, formula in (("", _attention_flops), ("_backward", _attention_backward_flops))
+    if hasattr(torch.ops.aten, f"_scaled_dot_product_{name}{suffix}")  # an op older torch lacks
 }
 
 
@@ -111,6 +125,12 @@ def profile(
         bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
         memory, samples_seen = _measure_memory(runner, report)
         compute = _measure_compute(runner, checkpointing)
+    except torch.OutOfMemoryError as exc:
+        raise AutotuneError(
+            f"{model_path}: the step at micro-batch {batch_size} ({precision}"
+            f"{', every block checkpointed' if checkpointing else ''}) ran out of "
+            f"{device_obj.type} memory: profile a smaller batch ({str(exc).splitlines()[0]})"
+        ) from None
     finally:
         runner.close()
     report("environment", 0, 1)

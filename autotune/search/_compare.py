@@ -17,6 +17,9 @@ BEST = "search best"
 BOTH = "search best = baseline"
 RUNNER_UP = "runner-up"
 CONTENDER = "contender"
+UNCHANGED = "search best, model code unchanged"
+"""The search's best without the policy's code changes (attention, compile), which hold for
+every trial of the search: run once here so that they are measured, not assumed, to pay."""
 CONTENDERS = 2
 """Plans besides the best and the baseline the comparison may list (the fastest overlapping)."""
 EQUIVALENT = 0.02
@@ -66,6 +69,41 @@ def entries(
     for index, record in enumerate(others[:CONTENDERS]):
         chosen.append((RUNNER_UP if index == 0 else CONTENDER, record))
     return chosen
+
+
+def unchanged_model(plan: Plan) -> Plan | None:
+    """``plan`` with the model's code left as the user wrote it (default attention, no
+    ``torch.compile``); ``None`` where ``plan`` changes neither."""
+    if plan.attention == "default" and not plan.compile:
+        return None
+    return plan.with_changes(attention="default", compile=False)
+
+
+def _code_changes(plan: Plan) -> int:
+    return (plan.attention != "default") + plan.compile
+
+
+def _unchanged_entry(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialRecord],
+                     chosen: list[tuple[str, TrialRecord]]) -> tuple[str, TrialRecord] | None:  # fmt: skip
+    """The search's best without its code changes, as the search measured it or run once now
+    (``None``: the best changes no code, the twin is listed already, or its run failed)."""
+    twin = unchanged_model(ranked[0].plan)
+    if twin is None or any(record.plan == twin for _, record in chosen):
+        return None
+    measured = next((record for record in ranked if record.plan == twin), None)
+    if measured is not None:
+        return UNCHANGED, measured
+    report = runner.run(twin, settings)
+    result = report.result
+    outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
+    if outcome != "ok" or result is None or result.samples_per_s is None:
+        return None
+    return UNCHANGED, TrialRecord(
+        number=-1, plan=twin, state="complete", outcome="ok", samples_per_s=result.samples_per_s,
+        tokens_per_s=result.tokens_per_s, step_time=result.step_time,
+        step_interval=result.step_interval, peak_memory_bytes=result.peak,
+        peak_source=result.peak_source, duration_s=report.duration_s,
+    )  # fmt: skip
 
 
 def _run(runner: TrialRunner, settings: TrialSettings, plan: Plan) -> tuple[Value | None, float]:
@@ -180,13 +218,18 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     Every entry starts from its search run. Those whose intervals overlap the best's are
     re-run in interleaved rounds (the order rotating) until the ranges separate, the
     medians come within :data:`EQUIVALENT` of each other, ``repeats`` rounds have run, or
-    another round would pass :data:`COMPARISON_SHARE` of the search's trial time. The winner is the highest median (the search's run
-    included); a checkpointed winner gives way to its leaner twin when their ranges
-    overlap, since the recompute did not show to pay. The speedup interval is the range
+    another round would pass :data:`COMPARISON_SHARE` of the search's trial time. Where the
+    best changes the model's code (the policy's attention or compile) its twin without them is
+    listed too, run once where the search did not. The winner is the highest median (the
+    search's run included); a winner gives way to its leaner twin (fewer blocks checkpointed,
+    or fewer code changes) when their ranges overlap, since what it adds did not show to pay.
+    The speedup interval is the range
     of per-round ratios winner/baseline where both were re-run (slow phases of the
     machine hit both); otherwise the ratio of medians, its interval from their ranges.
     """
     chosen = entries(ranked, baseline)
+    twin = _unchanged_entry(runner, settings, ranked, chosen) if repeats > 0 else None
+    chosen += [twin] if twin is not None else []
     labels = [label for label, _ in chosen]
     base = baseline_index(labels)
     values = [[_from_search(record)] for _, record in chosen]
@@ -203,19 +246,30 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
                       reruns=[len(v) - 1 for v in values], cap=repeats, stopped=stopped)  # fmt: skip
 
 
+def _leaner(plan: Plan, than: Plan) -> bool:
+    """Whether ``plan`` is ``than`` less some of its checkpointed blocks and/or code changes
+    (attention, compile), and otherwise the same."""
+    fewer = plan.checkpoint_blocks <= than.checkpoint_blocks and plan.compile <= than.compile
+    same = {"checkpoint_blocks": than.checkpoint_blocks, "attention": than.attention,
+            "compile": than.compile}  # fmt: skip
+    return (plan != than and fewer and plan.attention in ("default", than.attention)
+            and plan.with_changes(**same) == than)  # fmt: skip
+
+
 def _leaner_equal(measured: list[MeasuredPlan], winner: int) -> int:
-    """The entry with the fewest checkpointed blocks that is the winner's plan otherwise and
-    whose range overlaps the winner's; the winner itself when there is none."""
+    """The leanest entry (fewest checkpointed blocks, then fewest code changes) that is the
+    winner's plan otherwise and whose range overlaps the winner's; the winner itself when there
+    is none."""
     won = measured[winner]
     twins = [
         i
         for i, m in enumerate(measured)
-        if m.plan.checkpoint_blocks < won.plan.checkpoint_blocks
-        and m.plan.with_changes(checkpoint_blocks=won.plan.checkpoint_blocks) == won.plan
+        if _leaner(m.plan, won.plan)
         and overlap(m.samples_per_s_interval, won.samples_per_s_interval)
         and (m.samples_per_s_interval or won.samples_per_s_interval) is not None
     ]
-    return min(twins, key=lambda i: measured[i].plan.checkpoint_blocks, default=winner)
+    return min(twins, default=winner,
+               key=lambda i: (measured[i].plan.checkpoint_blocks, _code_changes(measured[i].plan)))  # fmt: skip
 
 
 def _speedup(rounds: list[Round], measured: list[MeasuredPlan], winner: int,
@@ -248,10 +302,12 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
     best = comparison.measured[comparison.winner]
     base = baseline_index(labels)
     notes.append(_comparison_note(comparison))
-    if (
-        best.plan != ranked[0].plan
-        and best.plan.checkpoint_blocks < ranked[0].plan.checkpoint_blocks
-    ):
+    if labels[comparison.winner] == UNCHANGED:
+        won = "measured faster" if best.samples_per_s > _best_median(comparison) else (
+            "their ranges overlap")  # fmt: skip
+        notes.append(f"{best.plan.describe()} is recommended over {ranked[0].plan.describe()}: "
+                     f"{won}, so the policy's code change did not show to pay")  # fmt: skip
+    elif _leaner(best.plan, ranked[0].plan):
         notes.append(f"{best.plan.describe()} is recommended over {ranked[0].plan.describe()}: "
                      "their ranges overlap, so the checkpointing did not show to pay")  # fmt: skip
     elif labels[comparison.winner] not in (BEST, BOTH):
@@ -266,6 +322,12 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
         speedup=comparison.speedup, speedup_interval=comparison.speedup_interval,
         code_changes=code_changes(best.plan) if code_changes else [], notes=list(notes),
     )  # fmt: skip
+
+
+def _best_median(comparison: Comparison) -> float:
+    """The search best's median samples/s in the comparison."""
+    index = next(i for i, label in enumerate(comparison.labels) if label in (BEST, BOTH))
+    return comparison.measured[index].samples_per_s
 
 
 def _comparison_note(comparison: Comparison) -> str:

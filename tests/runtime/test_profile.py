@@ -97,6 +97,43 @@ def test_cpu_sdpa_flops_are_counted() -> None:
     assert plain.get_total_flops() == 0  # the gap the mapping fills
 
 
+def _attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention as plain products, the key/value heads repeated for every query head."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+def test_grouped_query_sdpa_is_counted_as_its_products() -> None:
+    """A GQA attention (8 query heads over 2 key/value heads) through the fused kernel, against the
+    same attention written as products that torch's own matmul formulas count: equal forwards;
+    the fused backward recomputes Q K^T once more (torch before 2.13 asserted on these shapes)."""
+    b, s, d = 2, 64, 16
+    q = torch.randn(b, 8, s, d, requires_grad=True)
+    k, v = (torch.randn(b, 2, s, d, requires_grad=True) for _ in range(2))
+    fused = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+    with fused:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    fused_forward = fused.get_total_flops()
+    with fused:
+        out.sum().backward()
+    math = FlopCounterMode(display=False)
+    with math:
+        out = _attention_math(q, k, v)
+    math_forward = math.get_total_flops()
+    with math:
+        out.sum().backward()
+    assert fused_forward == math_forward == 4 * b * 8 * s * s * d
+    recompute = 2 * b * 8 * s * s * d
+    assert (
+        fused.get_total_flops() - fused_forward == math.get_total_flops() - math_forward + recompute
+    )
+    assert {op.__name__.split(".")[0] for op in _FLOP_FORMULAS} >= {
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention_backward",
+    }  # the GPU kernels too  # fmt: skip
+
+
 def test_checkpointing_keeps_the_numbers_and_unwraps(examples_dir: Path) -> None:
     loaded = load_model_file(examples_dir / "mlp_dataloader.py")
     losses = []

@@ -154,3 +154,51 @@ def test_a_plan_whose_re_run_fails_is_not_recommended_on_its_search_run() -> Non
     # The failed plan drops out after the first round; the other is left alone and wins.
     assert len(runner.plans) == 2 and result.reruns == [0, 1]
     assert result.winner == 1
+
+
+def _with_sdpa(record: TrialRecord) -> TrialRecord:
+    return record.model_copy(update={"plan": record.plan.with_changes(attention="sdpa")})
+
+
+def _by_attention(speeds: dict[str, list[float]]) -> FakeRunner:
+    """Runs of a plan with attention ``a`` measure ``speeds[a]`` in turn."""
+    left = {attention: iter(values) for attention, values in speeds.items()}
+
+    def run(plan: Plan, settings: TrialSettings) -> TrialResult:
+        return TrialResult(completed_steps=2, samples_per_s=next(left[plan.attention]),
+                           peak_memory_bytes=[1])  # fmt: skip
+
+    return FakeRunner(run)
+
+
+@pytest.mark.parametrize(("unchanged", "wins", "why"), [
+    ([23.0, 23.0, 23.0], True, "measured faster"),  # SDPA slower, as on a CPU at 124M
+    ([19.9, 20.0, 19.9, 20.0], True, "their ranges overlap"),  # equal: the leaner plan
+    ([15.0, 15.0, 15.0], False, None),  # SDPA pays: it stays
+])  # fmt: skip
+def test_the_policys_attention_is_measured_against_the_model_unchanged(
+    unchanged: list[float], wins: bool, why: str | None
+) -> None:
+    """The search ran every plan with the policy's attention=sdpa; its best is run once more
+    without it, and that twin wins when faster or when the two cannot be told apart."""
+    best, other = _with_sdpa(_trial(0, 4, 20.0)), _with_sdpa(_trial(1, 2, 12.0))
+    runner = _by_attention({"sdpa": [20.0, 20.0, 20.0], "default": unchanged})
+    result = compare(runner, SETTINGS, [best, other], None, repeats=3)
+    assert runner.plans[0] == best.plan.with_changes(attention="default")  # run first, once
+    assert result.labels == ["search best", "search best, model code unchanged"]
+    won = result.measured[result.winner].plan
+    assert won.attention == ("default" if wins else "sdpa")
+    notes: list[str] = []
+    rec = recommendation([best, other], result, "m.py", None, notes)
+    assert rec is not None and rec.plan == won
+    said = [n for n in notes if "the policy's code change did not show to pay" in n]
+    assert (len(said) == 1 and why in said[0]) if wins else not said
+
+
+def test_no_twin_runs_for_a_best_that_changes_no_code_or_at_repeats_0() -> None:
+    best, other = _trial(0, 4, 20.0), _trial(1, 2, 12.0)
+    runner = _scripted({})
+    assert compare(runner, SETTINGS, [best, other], None, repeats=3).labels == ["search best"]
+    sdpa = _with_sdpa(best)
+    assert compare(runner, SETTINGS, [sdpa, other], None, repeats=0).labels == ["search best"]
+    assert runner.plans == []
