@@ -107,16 +107,17 @@ def short_profiles(
 ) -> tuple[ProfileRecord, TimedSteps | None]:
     """A short profile of a model file at micro-batch ``min(2, per_rank)`` (traced beside,
     :func:`profile_model`), and its timed steps alone at up to 4x that where the per-rank batch
-    is larger (``None`` otherwise), so the step-time model splits each phase into a fixed part
+    is larger and the first predicts that it fits a GPU (``None`` otherwise, or where it ran out
+    of memory all the same: a note on stderr says so), so the step-time model splits each phase into a fixed part
     per micro-batch and a part per sample, which is what ranks micro-batches of one global
     batch. The second measures no memory, FLOPs or probes: the first has them."""
+    import torch
+
     from autotune.runtime.profiler import timed_steps
 
     first = profile_model(model_path, batch_size=min(SHORT_BATCH, per_rank),
                           steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
                           device=device)  # fmt: skip
-    import torch
-
     batch = min(per_rank, 4 * first.config.batch_size, _largest_fitting_batch(first))
     if batch <= first.config.batch_size:
         return first, None

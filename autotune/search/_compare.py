@@ -147,12 +147,13 @@ def _still_open(active: list[int], values: list[list[Value]],
 
 def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str, TrialRecord]],
            values: list[list[Value]], cap: int, failed: set[int],
-           searched: float) -> tuple[list[Round], str]:  # fmt: skip
+           searched: float, spent: float = 0.0) -> tuple[list[Round], str]:  # fmt: skip
     """Rounds of interleaved re-runs of the entries overlapping the best, each round dropping
     those whose range has separated below the leader's or whose median has come within
     :data:`EQUIVALENT` of it (and those whose re-run failed, into ``failed``); at most ``cap``
     rounds, and none past :data:`COMPARISON_SHARE` of the search's ``searched`` seconds of
-    trials (0: not known, no such limit)."""
+    trials (0: not known, no such limit), ``spent`` of them already taken (the unchanged-code
+    twin's run)."""
     best = search_interval(chosen[0][1])
     active = [i for i, (_, r) in enumerate(chosen) if overlap(search_interval(r), best)]
     if len(active) < 2:
@@ -160,7 +161,7 @@ def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str,
     if cap < 1:
         return [], "repeats=0: nothing re-run"
     seconds = [record.duration_s for _, record in chosen]
-    budget, spent = (COMPARISON_SHARE * searched if searched else None), 0.0
+    budget = COMPARISON_SHARE * searched if searched else None
     rounds: list[Round] = []
     while len(rounds) < cap:
         cost = sum(seconds[i] or 0.0 for i in active)
@@ -235,7 +236,8 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     values = [[_from_search(record)] for _, record in chosen]
     failed: set[int] = set()
     searched = sum(record.duration_s or 0.0 for record in ranked)
-    rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed, searched)
+    ran = twin[1].duration_s or 0.0 if twin is not None and twin[1].number < 0 else 0.0
+    rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed, searched, ran)
     measured = [_measured(record, values[i]) for i, (_, record) in enumerate(chosen)]
     # A plan whose re-run failed is not recommended on its other runs.
     eligible = [i for i in range(len(chosen)) if i not in failed] or [0]
@@ -303,10 +305,11 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
     base = baseline_index(labels)
     notes.append(_comparison_note(comparison))
     if labels[comparison.winner] == UNCHANGED:
-        won = "measured faster" if best.samples_per_s > _best_median(comparison) else (
-            "their ranges overlap")  # fmt: skip
+        changed = _best_median(comparison)
+        won = "measured faster" if best.samples_per_s > changed else "their ranges overlap"
         notes.append(f"{best.plan.describe()} is recommended over {ranked[0].plan.describe()}: "
-                     f"{won}, so the policy's code change did not show to pay")  # fmt: skip
+                     f"{won} ({best.samples_per_s:.3g} against {changed:.3g} samples/s, "
+                     "medians), so the policy's code change did not show to pay")  # fmt: skip
     elif _leaner(best.plan, ranked[0].plan):
         notes.append(f"{best.plan.describe()} is recommended over {ranked[0].plan.describe()}: "
                      "their ranges overlap, so the checkpointing did not show to pay")  # fmt: skip

@@ -202,3 +202,15 @@ def test_no_twin_runs_for_a_best_that_changes_no_code_or_at_repeats_0() -> None:
     sdpa = _with_sdpa(best)
     assert compare(runner, SETTINGS, [sdpa, other], None, repeats=0).labels == ["search best"]
     assert runner.plans == []
+
+
+def test_the_twins_run_counts_in_the_comparisons_share_of_the_search_time() -> None:
+    """100 s of search trials allow 50 s of comparison. The unchanged-code twin's run takes 30 s
+    of them; a round of the best (10 s) and the twin (30 s) would make 70 s: it does not start,
+    though the round alone (40 s) would have fit."""
+    best = _with_sdpa(_trial(0, 4, 20.0)).model_copy(update={"duration_s": 10.0})
+    other = _trial(1, 2, 12.0).model_copy(update={"duration_s": 90.0})
+    runner = _Clocked({4: 20.0, 2: 12.0}, seconds=30.0)
+    result = compare(runner, SETTINGS, [best, other], None, repeats=3)
+    assert runner.runs == 1 and result.repeats == 0  # the twin's run only
+    assert result.stopped.startswith("another round (40 s) would pass")
