@@ -111,9 +111,7 @@ def short_profiles(
     of memory all the same: a note on stderr says so), so the step-time model splits each phase into a fixed part
     per micro-batch and a part per sample, which is what ranks micro-batches of one global
     batch. The second measures no memory, FLOPs or probes: the first has them."""
-    import torch
-
-    from autotune.runtime.profiler import timed_steps
+    from autotune.runtime.profiler import OutOfMemory, timed_steps
 
     first = profile_model(model_path, batch_size=min(SHORT_BATCH, per_rank),
                           steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
@@ -124,10 +122,9 @@ def short_profiles(
     try:
         second = timed_steps(model_path, batch_size=batch, steps=TIME_PROFILE_STEPS,
                              warmup=SHORT_PROFILE_WARMUP, device=device)  # fmt: skip
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        print(f"autotune: note: the timed steps at micro-batch {batch} ran out of memory "
-              f"({type(exc).__name__}); each phase's time is taken as proportional to the "
-              "micro-batch", file=sys.stderr)  # fmt: skip
+    except OutOfMemory:
+        print(f"autotune: note: the timed steps at micro-batch {batch} ran out of memory; each "
+              "phase's time is taken as proportional to the micro-batch", file=sys.stderr)  # fmt: skip
         return first, None
     return first, second
 

@@ -81,6 +81,17 @@ _FLOP_FORMULAS = {
 }
 
 
+class OutOfMemory(AutotuneError):
+    """A measured step ran out of the device's memory: one line naming the micro-batch."""
+
+    def __init__(self, model_path: str | Path, batch_size: int, what: str,
+                 device: torch.device, exc: BaseException) -> None:  # fmt: skip
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        super().__init__(f"{model_path}: the step at micro-batch {batch_size} ({what}) ran out of "
+                         f"{device.type} memory: profile a smaller batch ({first})")  # fmt: skip
+        self.batch_size = batch_size
+
+
 def profile(
     model_path: str | Path,
     *,
@@ -125,12 +136,9 @@ def profile(
         bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
         memory, samples_seen = _measure_memory(runner, report)
         compute = _measure_compute(runner, checkpointing)
-    except torch.OutOfMemoryError as exc:
-        raise AutotuneError(
-            f"{model_path}: the step at micro-batch {batch_size} ({precision}"
-            f"{', every block checkpointed' if checkpointing else ''}) ran out of "
-            f"{device_obj.type} memory: profile a smaller batch ({str(exc).splitlines()[0]})"
-        ) from None
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        what = f"{precision}{', every block checkpointed' if checkpointing else ''}"
+        raise OutOfMemory(model_path, batch_size, what, device_obj, exc) from None
     finally:
         runner.close()
     report("environment", 0, 1)
@@ -176,6 +184,8 @@ def timed_steps(
     runner = TrainRunner(load_model_file(model_path), device=device_obj, micro_batch=batch_size)
     try:
         timings = _timed_steps(runner, steps, warmup, lambda phase, done, total: None)
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        raise OutOfMemory(model_path, batch_size, "fp32", device_obj, exc) from None
     finally:
         runner.close()
     config = ProfileConfig(batch_size=batch_size, precision="fp32", checkpointing=False,

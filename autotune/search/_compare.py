@@ -224,9 +224,9 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     listed too, run once where the search did not. The winner is the highest median (the
     search's run included); a winner gives way to its leaner twin (fewer blocks checkpointed,
     or fewer code changes) when their ranges overlap, since what it adds did not show to pay.
-    The speedup interval is the range
-    of per-round ratios winner/baseline where both were re-run (slow phases of the
-    machine hit both); otherwise the ratio of medians, its interval from their ranges.
+    The speedup interval is the range of per-round ratios winner/baseline where both were
+    re-run (slow phases of the machine hit both); otherwise the ratio of medians, its interval
+    from their ranges.
     """
     chosen = entries(ranked, baseline)
     twin = _unchanged_entry(runner, settings, ranked, chosen) if repeats > 0 else None
@@ -236,7 +236,7 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     values = [[_from_search(record)] for _, record in chosen]
     failed: set[int] = set()
     searched = sum(record.duration_s or 0.0 for record in ranked)
-    ran = twin[1].duration_s or 0.0 if twin is not None and twin[1].number < 0 else 0.0
+    ran = (twin[1].duration_s or 0.0) if twin is not None and twin[1].number < 0 else 0.0
     rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed, searched, ran)
     measured = [_measured(record, values[i]) for i, (_, record) in enumerate(chosen)]
     # A plan whose re-run failed is not recommended on its other runs.
