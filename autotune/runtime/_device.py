@@ -208,18 +208,27 @@ class Links(NamedTuple):
     reason: str | None
 
 
-def nvml_links(device: torch.device) -> Links:
-    """The device's memory bandwidth and PCIe link, read from NVML (a CUDA device only)."""
-    if device.type != "cuda":
-        return Links(None, None, "not a CUDA device")
+def _nvml_handle(device: torch.device) -> tuple[Any, str | None]:
+    """NVML's handle of a CUDA device, or ``None`` and why NVML cannot give one."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         index = device.index if device.index is not None else torch.cuda.current_device()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return pynvml.nvmlDeviceGetHandleByIndex(index), None
     except Exception as exc:  # NVMLError_LibraryNotFound and friends
-        return Links(None, None, f"NVML unavailable: {type(exc).__name__}: {exc}")
+        return None, f"NVML unavailable: {type(exc).__name__}: {exc}"
+
+
+def nvml_links(device: torch.device) -> Links:
+    """The device's memory bandwidth and PCIe link, read from NVML (a CUDA device only)."""
+    if device.type != "cuda":
+        return Links(None, None, "not a CUDA device")
+    handle, unavailable = _nvml_handle(device)
+    if handle is None:
+        return Links(None, None, unavailable)
+    import pynvml
+
     memory = pcie = None
     reasons = []
     try:
@@ -256,16 +265,8 @@ class NvmlSampler:
         if self.device.type != "cuda":
             self.reason = "no NVIDIA GPU in use (device is cpu)"
             return self
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            index = (
-                self.device.index if self.device.index is not None else torch.cuda.current_device()
-            )
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception as exc:  # NVMLError_LibraryNotFound and friends
-            self.reason = f"NVML unavailable: {type(exc).__name__}: {exc}"
+        self._handle, self.reason = _nvml_handle(self.device)
+        if self._handle is None:
             return self
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()

@@ -89,7 +89,6 @@ class OutOfMemory(AutotuneError):
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         super().__init__(f"{model_path}: the step at micro-batch {batch_size} ({what}) ran out of "
                          f"{device.type} memory: profile a smaller batch ({first})")  # fmt: skip
-        self.batch_size = batch_size
 
 
 def profile(

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from autotune.records import MeasuredPlan, Plan, Recommendation, TrialSettings
+from autotune.records import MeasuredPlan, Plan, Recommendation, TrialResult, TrialSettings
 from autotune.search._outcome import classify_outcome
 from autotune.search._records import Comparison, TrialRecord
 from autotune.search._runner import TrialRunner
@@ -74,12 +74,13 @@ def entries(
 def unchanged_model(plan: Plan) -> Plan | None:
     """``plan`` with the model's code left as the user wrote it (default attention, no
     ``torch.compile``); ``None`` where ``plan`` changes neither."""
-    if plan.attention == "default" and not plan.compile:
+    if not _code_changes(plan):
         return None
     return plan.with_changes(attention="default", compile=False)
 
 
 def _code_changes(plan: Plan) -> int:
+    """How many of the model's code knobs ``plan`` turns (attention kernel, compile)."""
     return (plan.attention != "default") + plan.compile
 
 
@@ -93,27 +94,34 @@ def _unchanged_entry(runner: TrialRunner, settings: TrialSettings, ranked: list[
     measured = next((record for record in ranked if record.plan == twin), None)
     if measured is not None:
         return UNCHANGED, measured
-    report = runner.run(twin, settings)
-    result = report.result
-    outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
-    if outcome != "ok" or result is None or result.samples_per_s is None:
+    result, seconds = _measured_run(runner, settings, twin)
+    if result is None or result.samples_per_s is None:
         return None
     return UNCHANGED, TrialRecord(
         number=-1, plan=twin, state="complete", outcome="ok", samples_per_s=result.samples_per_s,
         tokens_per_s=result.tokens_per_s, step_time=result.step_time,
         step_interval=result.step_interval, peak_memory_bytes=result.peak,
-        peak_source=result.peak_source, duration_s=report.duration_s,
+        peak_source=result.peak_source, duration_s=seconds,
     )  # fmt: skip
 
 
-def _run(runner: TrialRunner, settings: TrialSettings, plan: Plan) -> tuple[Value | None, float]:
-    """One re-run's samples/s, tokens/s and peak (``None``: it failed), and its seconds."""
+def _measured_run(runner: TrialRunner, settings: TrialSettings,
+                  plan: Plan) -> tuple[TrialResult | None, float]:  # fmt: skip
+    """One run's result where it measured samples/s (``None``: it failed), and its seconds."""
     report = runner.run(plan, settings)
     result = report.result
     outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
     if outcome == "ok" and result is not None and result.samples_per_s is not None:
-        return (result.samples_per_s, result.tokens_per_s, result.peak), report.duration_s
+        return result, report.duration_s
     return None, report.duration_s
+
+
+def _run(runner: TrialRunner, settings: TrialSettings, plan: Plan) -> tuple[Value | None, float]:
+    """One re-run's samples/s, tokens/s and peak (``None``: it failed), and its seconds."""
+    result, seconds = _measured_run(runner, settings, plan)
+    if result is None or result.samples_per_s is None:
+        return None, seconds
+    return (result.samples_per_s, result.tokens_per_s, result.peak), seconds
 
 
 def _range(values: list[Value], record: TrialRecord) -> Interval | None:
