@@ -121,7 +121,7 @@ def measure(name: str, device: str = "cpu") -> Row:
     config, seq_len, batch = ZOO / f"{name}.json", int(entry["seq_len"]), int(entry["batch"])  # type: ignore[call-overload]
     errors: list[str] = []
     start = time.perf_counter()
-    estimated = _attempt(errors, "estimate", lambda: _estimate(config, seq_len, batch))
+    estimated = _attempt(errors, "estimate", lambda: _estimate(config, seq_len, batch, device))
     estimate_s = time.perf_counter() - start
     run = _attempt(errors, "model file", lambda: _run(config, seq_len, batch, device, errors))
     record, profile_s, reference = run or (None, None, None)
@@ -161,13 +161,15 @@ def _run(
     return record, profile_s, reference
 
 
-def _estimate(config: Path, seq_len: int, batch: int) -> tuple[int, int, str]:
-    """Parameters, the estimated peak at ``batch`` from the config alone, and the trace path."""
+def _estimate(config: Path, seq_len: int, batch: int, device: str) -> tuple[int, int, str]:
+    """Parameters, the estimated peak at ``batch`` from the config alone, on ``device`` (a
+    GPU's cuBLAS workspace counted, as ``autotune estimate --hf-config`` counts it), and the
+    trace path."""
+    from autotune.compose import hf_config_facts
     from autotune.estimator import estimate_plan
     from autotune.records import Plan
-    from autotune.runtime.trace import facts_from_hf_config
 
-    facts = facts_from_hf_config(config, seq_len, precisions=("fp32",))
+    facts, _ = hf_config_facts(config, seq_len, ("fp32",), None, device)
     peak = estimate_plan(facts, Plan(micro_batch=batch)).memory.peak
     return facts.parameters, int(peak), facts.activations["fp32"].path or "?"
 

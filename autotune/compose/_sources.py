@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.estimator import ModelFacts
+from autotune.estimator import ModelFacts, assumed_cublas_workspace
 from autotune.records import (
     AUTOCAST_PLAN_PRECISION,
     DEFAULT_MARGIN,
@@ -174,9 +174,10 @@ def model_file_facts(
     from autotune.runtime.trace import facts_from_model_file
 
     kind = device_type(device)
+    workspace = device_workspace(kind, device)  # a bad CUBLAS_WORKSPACE_CONFIG before the trace
     scratch = batch if kind == "cpu" else None
     facts = facts_from_model_file(model_path, precisions=precisions, cpu_scratch=scratch)
-    return facts.model_copy(update={"device_type": kind})
+    return facts.model_copy(update={"device_type": kind, **workspace})
 
 
 def hf_config_facts(
@@ -187,8 +188,30 @@ def hf_config_facts(
     cache hit."""
     from autotune.runtime.trace_cache import facts_from_hf_config_cached
 
+    kind = device_type(device)
+    workspace = device_workspace(kind, device)
     facts, hit = facts_from_hf_config_cached(config, seq_len, precisions, task)
-    return facts.model_copy(update={"device_type": device_type(device)}), hit
+    return facts.model_copy(update={"device_type": kind, **workspace}), hit
+
+
+def device_workspace(kind: str, device: str) -> dict[str, object]:
+    """The traced facts' update for plans on a GPU: cuBLAS's workspace, which no trace
+    allocates and every real step's allocator peak holds. Measured where this machine has
+    NVIDIA's driver (:func:`autotune.runtime.trace.device_workspace`, which imports torch), else
+    assumed from torch's defaults without importing it; nothing for a CPU.
+
+    Raises:
+        AutotuneError: a ``CUBLAS_WORKSPACE_CONFIG`` that is not ``:KiB:COUNT`` pairs.
+    """
+    if kind != "cuda":
+        return {}
+    if os.path.exists("/dev/nvidiactl"):
+        from autotune.runtime.trace import device_workspace as measured
+
+        held, source = measured(device)
+    else:
+        held, source = assumed_cublas_workspace(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    return {"device_workspace": held, "device_workspace_source": source}
 
 
 def default_budget(machine: Machine, device: str = "auto") -> Machine:

@@ -4,7 +4,7 @@ Where to change what: the ZeRO model-state, bucket, communication and offload fo
 ``_zero.py`` (their one home; the collectives each engine issues and their time on a link in ``_comm.py``), FSDP2's (``engine=fsdp2``) in ``_fsdp.py``; activations, FLOPs and step time in ``_costmodel.py``; the peak's
 moments in ``_peakmodel.py``; facts read from a profile in ``_modelfacts.py``; claim checks in
 ``_claims.py`` (throughput against FLOPs per token in ``_throughput.py``, the GPU peak table in
-``_device_flops.py``, the physical bounds of a profile's figures in ``_bounds.py``); the per-plan
+``_device_flops.py``, with the cuBLAS workspace assumed where no GPU is here; the physical bounds of a profile's figures in ``_bounds.py``); the per-plan
 estimator and its records in ``_estimator.py``. No torch.
 """
 
@@ -40,6 +40,7 @@ from autotune.estimator._costmodel import (
 )
 from autotune.estimator._device_flops import (
     PEAK_DTYPE,
+    assumed_cublas_workspace,
     device_peak_flops,
     table_peak_flops,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "HostBytes",
     "ModelFacts",
     "PEAK_DTYPE",
+    "assumed_cublas_workspace",
     "PlanEstimate",
     "STEP_SECONDS_BAND",
     "STAGE3_PERSISTENCE_THRESHOLD",

@@ -1,9 +1,12 @@
-"""Dense peak FLOP/s of known GPUs by dtype: the one table the profiler's MFU and the claim check read.
+"""Dense peak FLOP/s of known GPUs by dtype: the one table the profiler's MFU and the claim check read;
+and the cuBLAS workspace a GPU step holds where no GPU is here to measure it.
 
 Vendor datasheets, SXM parts unless named, no sparsity. Pure data and a lookup, no torch.
 """
 
 from __future__ import annotations
+
+import re
 
 from autotune.records import AutotuneError
 
@@ -63,3 +66,38 @@ def device_peak_flops(device_name: str, dtype: str, flag: str = "device") -> flo
             return peaks[dtype]
     known = ", ".join(key for key, _ in DENSE_PEAKS)
     raise AutotuneError(f"{flag}={device_name}: not in the table of GPU peaks (known: {known})")
+
+
+CUBLAS_DEFAULT_WORKSPACE = 32 * 2**20
+"""torch's default cuBLAS workspace per handle and stream on compute capability 9.x, 10.x and
+12.x (Hopper, Blackwell): ``:4096:8``; older GPUs get ``:4096:2:16:8``, 8.125 MiB
+(``aten/src/ATen/cuda/CublasHandlePool.cpp``)."""
+WORKSPACE_HANDLES = 2
+"""Handles a training step's matmuls run on: the calling thread's (forward) and autograd's own
+thread for the device (backward), each with its workspace: 2 x 32 MiB and 0.5 MiB more were in
+every allocator peak on an H200 under torch 2.11 (bench/RESULTS-gpu.md's zoo)."""
+
+
+def assumed_cublas_workspace(config: str | None) -> tuple[int, str]:
+    """The cuBLAS workspace a step on a GPU this machine lacks holds, with where the figure came
+    from: ``config`` (``CUBLAS_WORKSPACE_CONFIG``, ``:KiB:COUNT`` pairs) where set, else torch's
+    default for current GPUs, per handle, for both handles of a step.
+
+    Raises:
+        AutotuneError: ``config`` set but not ``:KiB:COUNT`` pairs.
+    """
+    if config is None:
+        per_handle = CUBLAS_DEFAULT_WORKSPACE
+        why = "torch's default on compute capability 9.x-12.x"
+    else:
+        pairs = re.findall(r":(\d+):(\d+)", config)
+        if not pairs or "".join(f":{a}:{b}" for a, b in pairs) != config.strip():
+            raise AutotuneError(
+                f"CUBLAS_WORKSPACE_CONFIG {config!r}: not ':KiB:COUNT' pairs (e.g. ':4096:8')"
+            )
+        per_handle = sum(int(size) * 1024 * int(count) for size, count in pairs)
+        why = f"CUBLAS_WORKSPACE_CONFIG={config}"
+    return WORKSPACE_HANDLES * per_handle, (
+        f"assumed: {WORKSPACE_HANDLES} handles (forward, autograd's thread) x "
+        f"{per_handle / 2**20:.3g} MiB, {why}; no GPU here to measure"
+    )

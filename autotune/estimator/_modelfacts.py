@@ -159,6 +159,15 @@ class ModelFacts(_Record):
         default=None, description="a traced whole step; the peak's reference without a profile"
     )
     peak_flops_per_s: float | None = None
+    device_workspace: int = Field(
+        default=0,
+        ge=0,
+        description="bytes the device's matmul libraries hold in every plan's peak and in no "
+        "tensor (cuBLAS's workspaces on a GPU); in a measured baseline's peak already",
+    )
+    device_workspace_source: str | None = Field(
+        default=None, description="where device_workspace came from (measured, or assumed)"
+    )
 
     @property
     def largest_parameter(self) -> int:
@@ -246,7 +255,19 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         ),
         peak_flops_per_s=profile.compute.peak_flops_per_s,
         device_type=profile.config.device,
+        **_workspace(profile),
     )
+
+
+def _workspace(profile: ProfileRecord) -> dict[str, object]:
+    """The cuBLAS workspace a GPU profile measured (none recorded, or off a GPU: nothing)."""
+    measured = profile.environment.blas_workspace_bytes
+    if not measured:
+        return {}
+    return {
+        "device_workspace": measured,
+        "device_workspace_source": f"measured by the profile on {profile.environment.device_name}",
+    }
 
 
 def bf16_ratio(profile: ProfileRecord) -> float | None:

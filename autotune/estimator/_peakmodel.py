@@ -23,7 +23,7 @@ from autotune.estimator._modelfacts import (
     TracedMoment,
     activation_spec,
 )
-from autotune.records import Plan
+from autotune.records import AtPeak, Plan
 
 Moments = dict[str, dict[str, float]]
 CATEGORIES = (
@@ -206,8 +206,43 @@ def predict_peak(
 ) -> tuple[float, float, str, zero.StateBytes, Source]:
     """Predicted peak, the temporaries in it, the moment and how, the states and activation source.
 
-    On the profiled plan itself the answer is the measured peak.
+    On the profiled plan itself the answer is the measured peak. The device's library
+    workspace (``facts.device_workspace``: cuBLAS's, held from the first matmul on) is in every
+    plan's peak and temporaries whatever the moment; a measured baseline holds it already, a
+    trace never does, so the tensors' peak is predicted without it and it is added once.
     """
+    held = facts.device_workspace
+    if not held:
+        return _tensor_peak(facts, plan)
+    peak, temps, how, states, source = _tensor_peak(_without_workspace(facts), plan)
+    note = (
+        f"{how}, with {held / 2**20:.1f} MiB of cuBLAS workspace ({facts.device_workspace_source})"
+    )
+    return peak + held, temps + held, note, states, source
+
+
+def _without_workspace(facts: ModelFacts) -> ModelFacts:
+    """``facts`` with the workspace taken out of the measured baseline's peak and temporaries
+    (the allocator's bytes beyond any tensor, which a GPU profile puts in its temporaries)."""
+    held, base = facts.device_workspace, facts.baseline
+    update: dict[str, object] = {"device_workspace": 0}
+    if base is not None:
+
+        def less(at: AtPeak) -> AtPeak:
+            return at.model_copy(update={"temporaries": max(at.temporaries - held, 0)})
+
+        back = base.backward_at_peak
+        update["baseline"] = base.model_copy(update={
+            "peak": max(base.peak - held, 0), "at_peak": less(base.at_peak),
+            "backward_at_peak": None if back is None else less(back),
+        })  # fmt: skip
+    return facts.model_copy(update=update)
+
+
+def _tensor_peak(
+    facts: ModelFacts, plan: Plan
+) -> tuple[float, float, str, zero.StateBytes, Source]:
+    """:func:`predict_peak` of the tensors alone."""
     new, states, source = moments(facts, plan)
     base = facts.baseline or facts.traced_moment
     if base is None:

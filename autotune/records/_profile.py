@@ -282,6 +282,13 @@ class Environment(_Record):
         description="the GPU's host link, Gbit/s one way, from the PCIe generation and width NVML "
         "reports: what an offloaded plan's transfers cross; None: not a GPU, or NVML could not say",
     )
+    blas_workspace_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="measured on a GPU: bytes cuBLAS's workspaces (one per thread and stream, "
+        "the forward's and autograd's) hold from a step's first matmul on, in the allocator's "
+        "peak but in no tensor; 0 off CUDA; None: an older record",
+    )
     unavailable: dict[str, str] = Field(
         default_factory=dict, description="field -> why it could not be measured here"
     )

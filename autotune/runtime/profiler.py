@@ -127,6 +127,7 @@ def profile(
     report = progress or (lambda phase, done, total: None)
     device_obj = dev.resolve_device(device)
     model_file = load_model_file(model_path)
+    workspace = dev.blas_workspace(device_obj)  # before the model's first matmul
     runner = TrainRunner(model_file, device=device_obj, precision=precision, micro_batch=batch_size)
     try:
         if checkpointing:
@@ -142,7 +143,7 @@ def profile(
         runner.close()
     report("environment", 0, 1)
     peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
-    environment, refused = _environment(device_obj, timings, peak_reason)
+    environment, refused = _environment(device_obj, timings, peak_reason, workspace)
     report("environment", 1, 1)
     step_time = timings.summary().model_copy(update={"bf16_over_fp32": bf16_over_fp32})
     if bf16_reason:
@@ -510,9 +511,10 @@ def _capabilities(device: torch.device) -> tuple[Capabilities, str | None]:
 
 
 def _environment(
-    device: torch.device, timings: _Timings, peak_reason: str | None
+    device: torch.device, timings: _Timings, peak_reason: str | None, workspace: int
 ) -> tuple[Environment, dict[str, str]]:
-    """The environment, and the figures refused as impossible (dotted key -> why)."""
+    """The environment (``workspace``: :func:`dev.blas_workspace`'s bytes), and the figures
+    refused as impossible (dotted key -> why)."""
     versions = dev.versions()
     unavailable: dict[str, str] = {}
     capabilities, refused = _capabilities(device)
@@ -548,6 +550,7 @@ def _environment(
         host_adam_per_s=host.host_adam_rate(),
         memory_bandwidth_bytes_per_s=links.memory_bytes_per_s,
         pcie_gbps=links.pcie_gbps,
+        blas_workspace_bytes=workspace,
         unavailable=unavailable,
     )
     return environment, {BF16_RATIO_FIGURE: refused} if refused else {}

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import os
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree
 
-from autotune.estimator import ActivationSpec, ModelFacts, TracedMoment
+from autotune.estimator import ActivationSpec, ModelFacts, TracedMoment, assumed_cublas_workspace
 from autotune.records import AutotuneError, Plan
 from autotune.runtime import _blocks as blocks
 from autotune.runtime import _memory as mem
@@ -669,6 +670,19 @@ def device_memory(device: str) -> int | None:
     if not device.startswith(("auto", "cuda")) or not torch.cuda.is_available():
         return None
     return _device.device_memory(torch.device("cuda" if device == "auto" else device))
+
+
+def device_workspace(device: str) -> tuple[int, str]:
+    """The cuBLAS workspace a training step on the GPU ``device`` names holds, and where the
+    figure came from: measured on this machine's GPU where it has one
+    (:func:`autotune.runtime._device.blas_workspace`), else assumed from torch's defaults
+    (:func:`autotune.estimator.assumed_cublas_workspace`, ``CUBLAS_WORKSPACE_CONFIG`` read)."""
+    from autotune.runtime import _device
+
+    if torch.cuda.is_available():
+        gpu = torch.device("cuda" if device == "auto" else device)
+        return _device.blas_workspace(gpu), f"measured on {_device.device_name(gpu)}"
+    return assumed_cublas_workspace(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
 
 
 def load_hf_config(path: str | Path) -> Any:

@@ -123,6 +123,33 @@ def test_allocator_peak_and_reserved_bound_a_known_tensor() -> None:
     assert tensor.numel() * tensor.element_size() <= allocated <= reserved
 
 
+def test_the_workspace_probe_sees_cublas_workspaces_torch_sizes() -> None:
+    import torch
+
+    from autotune.runtime import _device as dev
+
+    held = dev.blas_workspace(torch.device("cuda"))
+    query = getattr(torch.backends.cuda, "cublas_workspace_size", None)  # torch >= 2.13
+    major = torch.cuda.get_device_capability()[0]
+    default = 32 * 2**20 if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
+    size = query() if query else default  # torch's figure per handle (CublasHandlePool.cpp)
+    assert size <= held <= 4 * size  # the forward's handle and autograd's, each with cuBLASLt's
+
+
+def test_the_model_file_estimate_holds_what_a_real_cuda_step_allocates(examples_dir: Path) -> None:
+    from autotune import compose
+    from autotune.estimator import estimate_plan
+    from autotune.records import Plan
+
+    model = examples_dir / "tiny_llama.py"
+    facts = compose.model_file_facts(model, ("fp32",), "cuda")
+    assert facts.device_workspace > 0 and "measured" in (facts.device_workspace_source or "")
+    predicted = estimate_plan(facts, Plan(micro_batch=2)).memory.peak
+    record = compose.profile_model(model, batch_size=2, steps=1, warmup=1, device="cuda")
+    assert record.environment.blas_workspace_bytes == facts.device_workspace
+    assert abs(predicted / record.memory.peak - 1) <= 0.02  # torch.cuda.max_memory_allocated
+
+
 def test_profile_on_cuda_reads_the_allocator_the_table_and_nvml(examples_dir: Path) -> None:
     from autotune.runtime.profiler import profile
 
