@@ -3,10 +3,12 @@
 Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/step_time.py MODEL --nproc-per-node 2 \\
            --global-batch 8 --profile-batch 1 --measurements FILE [--rounds 2] [--profile PROFILE] \\
            [--grid "engines=zero0,zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 \\
-                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--print-only]
+                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--timed-batch N] [--print-only]
 
 Predicted: ``estimate(plan).predicted_step_seconds`` of one profile (``--profile``, else FILE's
-``.profile.json``, measured once), on the link the trials' ranks swept (as tune relinks). Measured:
+``.profile.json``, measured once); with ``--timed-batch N`` also the model's timed steps at
+micro-batch N (FILE's ``.timed-N.json``, measured once), each phase split into a fixed part per
+micro-batch and a part per sample from the two, as tune's two short profiles are; on the link the trials' ranks swept (as tune relinks). Measured:
 each plan ``--rounds`` times in one live worker group, round r in an order rotated by r; a trial's
 median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
 without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and peak and
@@ -53,6 +55,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--profile-batch", type=int, default=1)
+    parser.add_argument("--timed-batch", type=int,
+                        help="also time steps at this micro-batch (kept beside FILE) and fit each "
+                        "phase's fixed and per-sample parts from the two, as tune does")  # fmt: skip
     parser.add_argument("--grid", help="engines=zero0,...,fsdp2-3 precision=... ckpt=... ga=... mb=...")  # fmt: skip
     parser.add_argument("--plans", nargs="+", default=[])
     parser.add_argument("--rounds", type=int, default=2)
@@ -66,6 +71,11 @@ def _arguments() -> argparse.Namespace:
     check_arguments(args)
     if not args.plans and not args.grid:
         _refuse("--grid / --plans: give at least one")
+    if args.timed_batch is not None and (
+        args.timed_batch < 1 or args.timed_batch == args.profile_batch
+    ):
+        _refuse(f"--timed-batch {args.timed_batch}: must be >= 1 and differ from "
+                f"--profile-batch ({args.profile_batch})")  # fmt: skip
     return args
 
 
@@ -161,6 +171,30 @@ def _profile(args: argparse.Namespace, model: str) -> Any:
                                    device="cpu")  # fmt: skip
     print(f"profile: {write_record(args.measurements.with_suffix('.profile.json'), record)}")
     return record
+
+
+def timed_steps(args: argparse.Namespace, model: str, sha: str) -> list[Any]:
+    """``[]``, or with ``--timed-batch`` the model's timed steps at that micro-batch: kept
+    beside the measurements (by model sha256), else measured now and kept."""
+    from autotune.records import TimedSteps
+
+    if getattr(args, "timed_batch", None) is None:
+        return []
+    path = args.measurements.with_suffix(f".timed-{args.timed_batch}.json")
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if kept.get("model_sha256") == sha:
+            print(f"timed steps: {path} (micro-batch {args.timed_batch})")
+            return [TimedSteps.model_validate(kept["timed"])]
+    from autotune.records import TIME_PROFILE_STEPS
+    from autotune.runtime.profiler import timed_steps as measure_steps
+
+    print(f"timing {Path(model).name} at micro-batch {args.timed_batch} ...", flush=True)
+    timed = measure_steps(model, batch_size=args.timed_batch, steps=TIME_PROFILE_STEPS, warmup=1,
+                          device="cpu")  # fmt: skip
+    _save(path, {"model_sha256": sha, "timed": timed.model_dump(mode="json")})
+    print(f"timed steps: {path}")
+    return [timed]
 
 
 def _link(link: Any) -> str:
@@ -341,13 +375,16 @@ def main() -> None:
         if not args.print_only:
             measure(args, model, plans, entry, kept)
     machine = Machine(device="cpu", nproc_per_node=args.nproc_per_node)
-    composition = compose.compose(record, machine=machine)
+    more = timed_steps(args, model, sha)
+    composition = compose.compose(record, machine=machine, more_profiles=more)
     if entry.get("link") is not None:
         swept = LinkMeasure.model_validate(entry["link"])
         composition = composition.on_link(swept)
         print(f"communication timed on the link the ranks swept: {_link(swept)}")
     print(f"model {Path(model).name} ({record.model.parameters:,} parameters), profiled at "
-          f"micro-batch {record.config.batch_size}; {args.nproc_per_node} ranks on cpu")  # fmt: skip
+          f"micro-batch {record.config.batch_size}"
+          f"{''.join(f' and timed at {t.config.batch_size}' for t in more)}; "
+          f"{args.nproc_per_node} ranks on cpu")  # fmt: skip
     for figure, why in record.flags.items():
         print(f"profile flag {figure}: {why}")
     print_table(composition, plans, entry.get("seconds", {}))
