@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 
 Outcome = Literal["ok", "oom", "timeout", "crash"]
 TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
-Role = Literal["policy", "baseline", "predicted", "search"]
+Role = Literal["policy", "baseline", "predicted", "neighbour", "search"]
 
 
 class RunReport(_Record):

@@ -118,6 +118,19 @@ class SearchSpace:
             params["engine"] = plan.engine
         return params
 
+    def neighbours(self, plan: Plan) -> list[Plan]:
+        """``plan`` at the micro-batches either side of its own in :attr:`micro_batches` (the
+        accumulation follows, the global batch kept), every other knob as it is."""
+        choices = self.micro_batches
+        if plan.micro_batch not in choices:
+            return []
+        at, params = choices.index(plan.micro_batch), self.params(plan)
+        return [
+            self.plan({**params, "micro_batch": choices[i]})
+            for i in (at - 1, at + 1)
+            if 0 <= i < len(choices)
+        ]
+
     def all_plans(self) -> list[Plan]:
         """Every plan of the space (the exhaustive grid)."""
         engines = self.engines if self.searches_engine else ("deepspeed",)
