@@ -205,7 +205,7 @@ def device_workspace(kind: str, device: str) -> dict[str, object]:
     """
     if kind != "cuda":
         return {}
-    if os.path.exists("/dev/nvidiactl"):
+    if _nvidia_driver():
         from autotune.runtime.trace import device_workspace as measured
 
         held, source = measured(device)
@@ -232,5 +232,10 @@ def device_type(device: str) -> str:
     machine has NVIDIA's driver (``/dev/nvidiactl``), as ``torch.cuda`` would find it; ``cuda``
     need not be here (a plan for a GPU elsewhere)."""
     if device == "auto":
-        return "cuda" if os.path.exists("/dev/nvidiactl") else "cpu"
+        return "cuda" if _nvidia_driver() else "cpu"
     return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def _nvidia_driver() -> bool:
+    """Whether this machine has NVIDIA's driver (``/dev/nvidiactl``), read without torch."""
+    return os.path.exists("/dev/nvidiactl")

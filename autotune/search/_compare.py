@@ -95,7 +95,7 @@ def _unchanged_entry(runner: TrialRunner, settings: TrialSettings, ranked: list[
     if measured is not None:
         return UNCHANGED, measured
     result, seconds = _measured_run(runner, settings, twin)
-    if result is None or result.samples_per_s is None:
+    if result is None:
         return None
     return UNCHANGED, TrialRecord(
         number=-1, plan=twin, state="complete", outcome="ok", samples_per_s=result.samples_per_s,

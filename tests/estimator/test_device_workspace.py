@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from autotune import compose
 from autotune.cli import app
 from autotune.estimator import assumed_cublas_workspace, estimate_plan, facts_from_profile
-from autotune.records import AutotuneError, Plan, ProfileRecord
+from autotune.records import AtPeak, AutotuneError, Plan, ProfileRecord
 
 MiB = 2**20
 PLANS = [
@@ -79,7 +79,7 @@ def test_a_gpu_profile_keeps_its_measured_peak_and_carries_the_workspace_once(
     held = 64 * MiB
     memory = record.memory
 
-    def plus(at):  # type: ignore[no-untyped-def]
+    def plus(at: AtPeak) -> AtPeak:
         return at.model_copy(update={"temporaries": at.temporaries + held})
 
     gpu = record.model_copy(update={
