@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.estimator import ModelFacts, assumed_cublas_workspace
 from autotune.records import (
@@ -22,6 +23,9 @@ from autotune.records import (
     ProfileRecord,
     TimedSteps,
 )
+
+if TYPE_CHECKING:
+    from autotune.runtime.profiler import Profiled
 
 TRACED_PRECISIONS = ("fp32", "amp_bf16", "bf16")
 """The plan precisions a profile carries figures of (measured for its own, traced for the
@@ -40,19 +44,25 @@ def profile_model(model_path: str | Path, *, trace: bool = True, **options: Any)
         trace: trace the other precisions (seconds on fake tensors; nothing allocated).
         **options: the profiler's keyword arguments (batch size, steps, device, ...).
     """
-    from autotune.runtime.profiler import profile
+    return _profiled(model_path, trace=trace, **options).profile
+
+
+def _profiled(model_path: str | Path, *, trace: bool = True, **options: Any) -> Profiled:
+    """:func:`profile_model`, with what :func:`autotune.runtime.profiler.profile_and_time`
+    timed after it (its ``second_batch`` among ``options``)."""
+    from autotune.runtime.profiler import profile_and_time
 
     refuse_oversized(
         model_path, options.get("device", "auto"), str(options.get("label") or model_path)
     )
-    record = profile(model_path, **options)
+    profiled = profile_and_time(model_path, **options)
     if not trace:
-        return record
+        return profiled
     report = options.get("progress") or (lambda phase, done, total: None)
     report("trace", 0, 1)  # the other precisions, on fake tensors
-    record = with_traced(record, model_path)
+    record = with_traced(profiled.profile, model_path)
     report("trace", 1, 1)
-    return record
+    return replace(profiled, profile=record)
 
 
 def refuse_oversized(model_path: str | Path, device: str, name: str) -> None:
@@ -106,27 +116,25 @@ def short_profiles(
     model_path: str | Path, per_rank: int, device: str
 ) -> tuple[ProfileRecord, TimedSteps | None]:
     """A short profile of a model file at micro-batch ``min(2, per_rank)`` (traced beside,
-    :func:`profile_model`), and its timed steps alone at up to 4x that where the per-rank batch
-    is larger and the first predicts that it fits a GPU (``None`` otherwise, or where it ran out
-    of memory all the same: a note on stderr says so), so the step-time model splits each phase into a fixed part
-    per micro-batch and a part per sample, which is what ranks micro-batches of one global
-    batch. The second measures no memory, FLOPs or probes: the first has them."""
-    from autotune.runtime.profiler import OutOfMemory, timed_steps
+    :func:`profile_model`), and its timed steps alone at up to 4x that, in the same process after
+    it, where the per-rank batch is larger and the first predicts that it fits a GPU (``None``
+    otherwise, or where it ran out of memory all the same: a note on stderr says so), so the
+    step-time model splits each phase into a fixed part per micro-batch and a part per sample,
+    which is what ranks micro-batches of one global batch. The second measures no memory, FLOPs
+    or probes: the first has them."""
 
-    first = profile_model(model_path, batch_size=min(SHORT_BATCH, per_rank),
-                          steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
-                          device=device)  # fmt: skip
-    batch = min(per_rank, 4 * first.config.batch_size, _largest_fitting_batch(first))
-    if batch <= first.config.batch_size:
-        return first, None
-    try:
-        second = timed_steps(model_path, batch_size=batch, steps=TIME_PROFILE_STEPS,
-                             warmup=SHORT_PROFILE_WARMUP, device=device)  # fmt: skip
-    except OutOfMemory:
-        print(f"autotune: note: the timed steps at micro-batch {batch} ran out of memory; each "
-              "phase's time is taken as proportional to the micro-batch", file=sys.stderr)  # fmt: skip
-        return first, None
-    return first, second
+    def second(first: ProfileRecord) -> int:
+        return max(first.config.batch_size,
+                   min(per_rank, 4 * first.config.batch_size, _largest_fitting_batch(first)))  # fmt: skip
+
+    profiled = _profiled(model_path, batch_size=min(SHORT_BATCH, per_rank),
+                         steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP, device=device,
+                         second_batch=second, second_steps=TIME_PROFILE_STEPS)  # fmt: skip
+    if profiled.out_of_memory is not None:
+        print(f"autotune: note: the timed steps at micro-batch {profiled.out_of_memory} ran out "
+              "of memory; each phase's time is taken as proportional to the micro-batch",
+              file=sys.stderr)  # fmt: skip
+    return profiled.profile, profiled.timed
 
 
 def _largest_fitting_batch(first: ProfileRecord) -> int:

@@ -28,7 +28,7 @@ SHORT_PROFILE_WARMUP = 1
 """Steps run first and dropped in tune's short profiles."""
 TIME_PROFILE_STEPS = 3
 """Measured steps of tune's second short profile at a larger batch, which the step-time model
-is fitted to."""
+is fitted to: taken on the first's warm model, none dropped (the median leaves the first out)."""
 
 
 def _at_least(record: object, *checks: tuple[str, int]) -> None:

@@ -86,8 +86,20 @@ class TrainRunner:
         self.optimizer = model_file.build_optimizer(trainable)
         enabled = precision == "fp16"
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=enabled)
+        self._workers, self._pin_memory = workers, pin_memory
         self._batches = model_file.batches(micro_batch, workers=workers, pin_memory=pin_memory)
         self.last_batch: Any = None
+
+    def rebatch(self, micro_batch: int) -> None:
+        """Draw micro-batches of ``micro_batch`` samples from now on (a new batch stream; the
+        model and optimizer stay as they are)."""
+        if micro_batch < 1:
+            raise AutotuneError("micro_batch must be at least 1")
+        self.close()
+        self.micro_batch = micro_batch
+        self._batches = self.model_file.batches(
+            micro_batch, workers=self._workers, pin_memory=self._pin_memory
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context of this precision (a no-op for fp32)."""

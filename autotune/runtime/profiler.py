@@ -122,6 +122,47 @@ def profile(
     Raises:
         AutotuneError: a bad option or anything wrong with the model file.
     """
+    return profile_and_time(model_path, batch_size=batch_size, steps=steps, warmup=warmup,
+                            device=device, precision=precision, checkpointing=checkpointing,
+                            progress=progress, command=command, label=label).profile  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """A profile, and the timed steps at a second micro-batch taken in the same process after
+    it (``None``: none asked for, or they ran out of memory at ``out_of_memory`` samples)."""
+
+    profile: ProfileRecord
+    timed: TimedSteps | None = None
+    out_of_memory: int | None = None
+
+
+def profile_and_time(
+    model_path: str | Path,
+    *,
+    batch_size: int,
+    steps: int = 20,
+    warmup: int = 3,
+    device: str = "auto",
+    precision: StepPrecision = "fp32",
+    checkpointing: bool = False,
+    progress: Progress | None = None,
+    command: str | None = None,
+    label: str | None = None,
+    second_batch: Callable[[ProfileRecord], int] | None = None,
+    second_steps: int = 3,
+) -> Profiled:
+    """:func:`profile`, then (where ``second_batch`` of the record is another micro-batch) that
+    many samples' timed steps on the same model, optimizer and warm process, without the memory,
+    FLOPs and probes the profile measured: ``second_steps`` steps and their medians, the first
+    of them the warm-up at the new size (the median of three leaves one slow step out). They cost
+    no second model build, optimizer state or first step (issue 33: 52 s of a 124M tune's 116 s
+    of profiles went to the second, run on its own).
+
+    Raises:
+        AutotuneError: a bad option or anything wrong with the model file; the profile's step
+            out of memory (:class:`OutOfMemory`). The second's is ``out_of_memory`` instead.
+    """
     if batch_size < 1 or steps < 1 or warmup < 0:
         raise AutotuneError("--batch-size and --steps must be >= 1, --warmup >= 0")
     report = progress or (lambda phase, done, total: None)
@@ -139,39 +180,58 @@ def profile(
     except (torch.OutOfMemoryError, MemoryError) as exc:
         what = f"{precision}{', every block checkpointed' if checkpointing else ''}"
         raise OutOfMemory(model_path, batch_size, what, device_obj, exc) from None
+    else:
+        report("environment", 0, 1)
+        peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
+        environment, refused = _environment(device_obj, timings, peak_reason, workspace)
+        report("environment", 1, 1)
+        step_time = timings.summary().model_copy(update={"bf16_over_fp32": bf16_over_fp32})
+        if bf16_reason:
+            unavailable = {**environment.unavailable, "time.bf16_over_fp32": bf16_reason}
+            environment = environment.model_copy(update={"unavailable": unavailable})
+        tokens = model_file.tokens_per_sample(samples_seen)
+        record = ProfileRecord(
+            config=ProfileConfig(
+                batch_size=batch_size,
+                precision=precision,
+                checkpointing=checkpointing,
+                steps=steps,
+                warmup=warmup,
+                device=device_obj.type,
+            ),
+            model=_model_info(runner.model, tokens),
+            memory=memory,
+            time=step_time,
+            throughput=Throughput(
+                samples_per_s=batch_size / step_time.step,
+                tokens_per_s=batch_size * tokens / step_time.step if tokens else None,
+            ),
+            compute=_utilisation(compute, step_time.step, device_obj, peak, peak_source),
+            environment=environment,
+            provenance=_provenance(model_file, command, label),
+        )
+        # An impossible MFU is kept for the record, flagged; a refused ratio is already None.
+        record = record.model_copy(update={"flags": {**refused, **check_figures(record)}})
+        batch = second_batch(record) if second_batch is not None else batch_size
+        if batch == batch_size:
+            return Profiled(record)
+        try:
+            return Profiled(record, _timed_at(runner, batch, second_steps, report))
+        except (torch.OutOfMemoryError, MemoryError):
+            return Profiled(record, None, out_of_memory=batch)
     finally:
         runner.close()
-    report("environment", 0, 1)
-    peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
-    environment, refused = _environment(device_obj, timings, peak_reason, workspace)
-    report("environment", 1, 1)
-    step_time = timings.summary().model_copy(update={"bf16_over_fp32": bf16_over_fp32})
-    if bf16_reason:
-        unavailable = {**environment.unavailable, "time.bf16_over_fp32": bf16_reason}
-        environment = environment.model_copy(update={"unavailable": unavailable})
-    tokens = model_file.tokens_per_sample(samples_seen)
-    record = ProfileRecord(
-        config=ProfileConfig(
-            batch_size=batch_size,
-            precision=precision,
-            checkpointing=checkpointing,
-            steps=steps,
-            warmup=warmup,
-            device=device_obj.type,
-        ),
-        model=_model_info(runner.model, tokens),
-        memory=memory,
-        time=step_time,
-        throughput=Throughput(
-            samples_per_s=batch_size / step_time.step,
-            tokens_per_s=batch_size * tokens / step_time.step if tokens else None,
-        ),
-        compute=_utilisation(compute, step_time.step, device_obj, peak, peak_source),
-        environment=environment,
-        provenance=_provenance(model_file, command, label),
-    )
-    # An impossible MFU is kept for the record, flagged; a refused ratio is already None.
-    return record.model_copy(update={"flags": {**refused, **check_figures(record)}})
+
+
+def _timed_at(runner: TrainRunner, batch: int, steps: int, report: Progress) -> TimedSteps:
+    """``steps`` timed steps of the profile's runner at micro-batch ``batch`` (none dropped: the
+    median leaves the first, slower at a new size, out)."""
+    runner.rebatch(batch)
+    timings = _timed_steps(runner, steps, 0, report)
+    config = ProfileConfig(batch_size=batch, precision=runner.precision,
+                           checkpointing=runner.checkpoint_blocks > 0, steps=steps, warmup=0,
+                           device=runner.device.type)  # fmt: skip
+    return TimedSteps(config=config, time=timings.summary())
 
 
 def timed_steps(

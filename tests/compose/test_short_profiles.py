@@ -33,6 +33,53 @@ def test_the_second_short_profile_times_steps_and_fits_like_a_whole_profile() ->
     assert f"profile at batch {b1}" in base.time_fit
 
 
+COUNTING = """
+import torch
+
+BUILT = []
+SEEN = []
+
+def build_model():
+    BUILT.append(1)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+
+def build_batch(batch_size):
+    return torch.randn(batch_size, 8)
+
+def loss_fn(model, batch):
+    SEEN.append(batch.shape[0])
+    return model(batch).mean()
+"""
+
+
+def test_the_second_short_profile_reuses_the_first_ones_model_and_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One model built for both (no second start-up, optimizer state or first step): every
+    step the profile ran at micro-batch 2, then exactly the second's three timed steps at 8."""
+    from autotune.runtime import modelfile
+
+    model = tmp_path / "counting.py"
+    model.write_text(COUNTING)
+    loaded: list[modelfile.ModelFile] = []
+    load = modelfile.load_model_file
+
+    def keep(path: str | Path) -> modelfile.ModelFile:
+        loaded.append(load(path))
+        return loaded[-1]
+
+    monkeypatch.setattr("autotune.runtime.profiler.load_model_file", keep)
+    first, second = short_profiles(model, per_rank=8, device="cpu")
+    assert second is not None and second.config.batch_size == 8 and second.config.warmup == 0
+    assert len(loaded) == 1
+    module = loaded[0].module
+    assert module.BUILT == [1]
+    seen = module.SEEN
+    assert seen[-3:] == [8, 8, 8] and set(seen[:-3]) <= {1, 2}, seen
+    assert second.time.steps_measured == 3 == second.config.steps
+    assert first.config.batch_size == 2
+
+
 OOM_ABOVE_2 = """
 import torch
 
