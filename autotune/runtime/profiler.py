@@ -170,17 +170,19 @@ def profile_and_time(
     model_file = load_model_file(model_path)
     workspace = dev.blas_workspace(device_obj)  # before the model's first matmul
     runner = TrainRunner(model_file, device=device_obj, precision=precision, micro_batch=batch_size)
+    config = ProfileConfig(batch_size=batch_size, precision=precision, checkpointing=checkpointing,
+                           steps=steps, warmup=warmup, device=device_obj.type)  # fmt: skip
     try:
-        if checkpointing:
-            _checkpoint_all(runner)
-        timings = _timed_steps(runner, steps, warmup, report)
-        bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
-        memory, samples_seen = _measure_memory(runner, report)
-        compute = _measure_compute(runner, checkpointing)
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        what = f"{precision}{', every block checkpointed' if checkpointing else ''}"
-        raise OutOfMemory(model_path, batch_size, what, device_obj, exc) from None
-    else:
+        try:
+            if checkpointing:
+                _checkpoint_all(runner)
+            timings = _timed_steps(runner, steps, warmup, report)
+            bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
+            memory, samples_seen = _measure_memory(runner, report)
+            compute = _measure_compute(runner, checkpointing)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            what = f"{precision}{', every block checkpointed' if checkpointing else ''}"
+            raise OutOfMemory(model_path, batch_size, what, device_obj, exc) from None
         report("environment", 0, 1)
         peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
         environment, refused = _environment(device_obj, timings, peak_reason, workspace)
@@ -191,14 +193,7 @@ def profile_and_time(
             environment = environment.model_copy(update={"unavailable": unavailable})
         tokens = model_file.tokens_per_sample(samples_seen)
         record = ProfileRecord(
-            config=ProfileConfig(
-                batch_size=batch_size,
-                precision=precision,
-                checkpointing=checkpointing,
-                steps=steps,
-                warmup=warmup,
-                device=device_obj.type,
-            ),
+            config=config,
             model=_model_info(runner.model, tokens),
             memory=memory,
             time=step_time,
@@ -212,26 +207,27 @@ def profile_and_time(
         )
         # An impossible MFU is kept for the record, flagged; a refused ratio is already None.
         record = record.model_copy(update={"flags": {**refused, **check_figures(record)}})
-        batch = second_batch(record) if second_batch is not None else batch_size
-        if batch == batch_size:
-            return Profiled(record)
-        try:
-            return Profiled(record, _timed_at(runner, batch, second_steps, report))
-        except (torch.OutOfMemoryError, MemoryError):
-            return Profiled(record, None, out_of_memory=batch)
+        return _with_second(record, runner, second_batch, second_steps, report)
     finally:
         runner.close()
 
 
-def _timed_at(runner: TrainRunner, batch: int, steps: int, report: Progress) -> TimedSteps:
-    """``steps`` timed steps of the profile's runner at micro-batch ``batch`` (none dropped: the
-    median leaves the first, slower at a new size, out)."""
-    runner.rebatch(batch)
-    timings = _timed_steps(runner, steps, 0, report)
-    config = ProfileConfig(batch_size=batch, precision=runner.precision,
-                           checkpointing=runner.checkpoint_blocks > 0, steps=steps, warmup=0,
-                           device=runner.device.type)  # fmt: skip
-    return TimedSteps(config=config, time=timings.summary())
+def _with_second(record: ProfileRecord, runner: TrainRunner,
+                 second_batch: Callable[[ProfileRecord], int] | None, steps: int,
+                 report: Progress) -> Profiled:  # fmt: skip
+    """The profile, with ``steps`` timed steps of its runner at ``second_batch(record)`` samples
+    where that is another micro-batch (none dropped: the median leaves the first, slower at a
+    new size, out)."""
+    batch = record.config.batch_size if second_batch is None else second_batch(record)
+    if batch == record.config.batch_size:
+        return Profiled(record)
+    try:
+        runner.rebatch(batch)
+        timings = _timed_steps(runner, steps, 0, report)
+    except (torch.OutOfMemoryError, MemoryError):
+        return Profiled(record, None, out_of_memory=batch)
+    config = record.config.model_copy(update={"batch_size": batch, "steps": steps, "warmup": 0})
+    return Profiled(record, TimedSteps(config=config, time=timings.summary()))
 
 
 def timed_steps(
