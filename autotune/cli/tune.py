@@ -44,7 +44,7 @@ def tune_command(
     storage: str | None = typer.Option(TuneOptions.storage, "--storage", help="Optuna RDB URL or sqlite path (default autotune-tune.db); rerun to resume."),
     heartbeat: int = typer.Option(TuneOptions.heartbeat_s, "--heartbeat-s", "--heartbeat", min=1, help="Seconds between a running trial's heartbeats; a trial silent for 3 (its worker killed, on any host) is failed and run again."),
     study: str | None = typer.Option(TuneOptions.study_name, "--study", help="Study name (default: from the model file or config, global batch and nproc)."),
-    steps: int = typer.Option(TuneOptions.steps, "--steps", min=1, help="Fewest measured optimizer steps per trial."),
+    steps: int = typer.Option(TuneOptions.steps, "--steps", min=1, help="Fewest measured optimizer steps per trial, unless the measured steps already took 15 s (then 1 or more)."),
     interval: float = typer.Option(TuneOptions.interval_width or 0.0, "--interval", help="Measure until the median step time is known to +-this share (0: exactly --steps)."),
     max_steps: int = typer.Option(TuneOptions.max_steps, "--max-steps", min=1, help="Most measured steps per trial when measuring to --interval."),
     warmup: int = typer.Option(TuneOptions.warmup, "--warmup", min=0, help="Optimizer steps run first in each trial and dropped."),

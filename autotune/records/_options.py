@@ -115,7 +115,8 @@ class TuneOptions:
     trial_timeout_s: float = TRIAL_TIMEOUT_S
     """Seconds before a trial's process group is killed (``--trial-timeout-s``)."""
     steps: int = 3
-    """Fewest measured optimizer steps per trial (``--steps``)."""
+    """Fewest measured optimizer steps per trial (``--steps``), unless the measured steps already
+    took ``TrialSettings.max_measure_s`` (15 s): slow steps stop there, at one or more."""
     interval_width: float | None = 0.05
     """Measure until the median step time is known to +- this share; ``None``: exactly
     ``steps`` (``--interval``, where 0 means ``None``)."""
