@@ -3,12 +3,14 @@
 Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/step_time.py MODEL --nproc-per-node 2 \\
            --global-batch 8 --profile-batch 1 --measurements FILE [--rounds 2] [--profile PROFILE] \\
            [--grid "engines=zero0,zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 \\
-                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--timed-batch N] [--print-only]
+                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--tune-profiles] [--print-only]
 
 Predicted: ``estimate(plan).predicted_step_seconds`` of one profile (``--profile``, else FILE's
-``.profile.json``, measured once); with ``--timed-batch N`` also the model's timed steps at
-micro-batch N (FILE's ``.timed-N.json``, measured once), each phase split into a fixed part per
-micro-batch and a part per sample from the two, as tune's two short profiles are; on the link the trials' ranks swept (as tune relinks). Measured:
+``.profile.json``, measured once); with ``--tune-profiles`` instead of tune's own two short
+profiles at the per-rank batch (:func:`autotune.compose.short_profiles`: one process, the second's
+timed steps on the first's model; FILE's ``.tune-profiles.json``, measured once), each phase
+split into a fixed part per micro-batch and a part per sample from the two; on the link the
+trials' ranks swept (as tune relinks). Measured:
 each plan ``--rounds`` times in one live worker group, round r in an order rotated by r; a trial's
 median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
 without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and peak and
@@ -55,9 +57,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--profile-batch", type=int, default=1)
-    parser.add_argument("--timed-batch", type=int,
-                        help="also time steps at this micro-batch (kept beside FILE) and fit each "
-                        "phase's fixed and per-sample parts from the two, as tune does")  # fmt: skip
+    parser.add_argument("--tune-profiles", action="store_true",
+                        help="predict from tune's own two short profiles at the per-rank batch "
+                        "(one process; kept beside FILE) instead of one profile")  # fmt: skip
     parser.add_argument("--grid", help="engines=zero0,...,fsdp2-3 precision=... ckpt=... ga=... mb=...")  # fmt: skip
     parser.add_argument("--plans", nargs="+", default=[])
     parser.add_argument("--rounds", type=int, default=2)
@@ -71,11 +73,6 @@ def _arguments() -> argparse.Namespace:
     check_arguments(args)
     if not args.plans and not args.grid:
         _refuse("--grid / --plans: give at least one")
-    if args.timed_batch is not None and (
-        args.timed_batch < 1 or args.timed_batch == args.profile_batch
-    ):
-        _refuse(f"--timed-batch {args.timed_batch}: must be >= 1 and differ from "
-                f"--profile-batch ({args.profile_batch})")  # fmt: skip
     return args
 
 
@@ -173,28 +170,29 @@ def _profile(args: argparse.Namespace, model: str) -> Any:
     return record
 
 
-def timed_steps(args: argparse.Namespace, model: str, sha: str) -> list[Any]:
-    """``[]``, or with ``--timed-batch`` the model's timed steps at that micro-batch: kept
-    beside the measurements (by model sha256), else measured now and kept."""
-    from autotune.records import TimedSteps
+def tune_profiles(args: argparse.Namespace, model: str, sha: str) -> tuple[Any, list[Any]] | None:
+    """``None``, or with ``--tune-profiles`` tune's own two short profiles at the per-rank batch
+    (the profile, and the timed steps after it where there are any): kept beside the
+    measurements (by model sha256), else measured now and kept."""
+    from autotune.records import ProfileRecord, TimedSteps
 
-    if getattr(args, "timed_batch", None) is None:
-        return []
-    path = args.measurements.with_suffix(f".timed-{args.timed_batch}.json")
-    if path.exists():
-        kept = json.loads(path.read_text())
-        if kept.get("model_sha256") == sha:
-            print(f"timed steps: {path} (micro-batch {args.timed_batch})")
-            return [TimedSteps.model_validate(kept["timed"])]
-    from autotune.records import TIME_PROFILE_STEPS
-    from autotune.runtime.profiler import timed_steps as measure_steps
+    if not getattr(args, "tune_profiles", False):
+        return None
+    per_rank = max(1, args.global_batch // args.nproc_per_node)
+    path = args.measurements.with_suffix(".tune-profiles.json")
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    if kept.get("model_sha256") != sha or kept.get("per_rank") != per_rank:
+        from autotune import compose
 
-    print(f"timing {Path(model).name} at micro-batch {args.timed_batch} ...", flush=True)
-    timed = measure_steps(model, batch_size=args.timed_batch, steps=TIME_PROFILE_STEPS, warmup=1,
-                          device="cpu")  # fmt: skip
-    _save(path, {"model_sha256": sha, "timed": timed.model_dump(mode="json")})
-    print(f"timed steps: {path}")
-    return [timed]
+        print(f"tune's short profiles of {Path(model).name} at per-rank batch {per_rank} ...",
+              flush=True)  # fmt: skip
+        record, timed = compose.short_profiles(model, per_rank, "cpu")
+        kept = {"model_sha256": sha, "per_rank": per_rank, "profile": record.model_dump(mode="json"),
+                "timed": timed.model_dump(mode="json") if timed else None}  # fmt: skip
+        _save(path, kept)
+    print(f"tune's short profiles: {path} (per-rank batch {per_rank})")
+    timed = [TimedSteps.model_validate(kept["timed"])] if kept["timed"] else []
+    return ProfileRecord.model_validate(kept["profile"]), timed
 
 
 def _link(link: Any) -> str:
@@ -375,7 +373,8 @@ def main() -> None:
         if not args.print_only:
             measure(args, model, plans, entry, kept)
     machine = Machine(device="cpu", nproc_per_node=args.nproc_per_node)
-    more = timed_steps(args, model, sha)
+    road = tune_profiles(args, model, sha)
+    record, more = road if road is not None else (record, [])
     composition = compose.compose(record, machine=machine, more_profiles=more)
     if entry.get("link") is not None:
         swept = LinkMeasure.model_validate(entry["link"])

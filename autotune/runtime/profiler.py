@@ -230,25 +230,6 @@ def _with_second(record: ProfileRecord, runner: TrainRunner,
     return Profiled(record, TimedSteps(config=config, time=timings.summary()))
 
 
-def timed_steps(
-    model_path: str | Path, *, batch_size: int, steps: int, warmup: int, device: str = "auto"
-) -> TimedSteps:
-    """Only :func:`profile`'s timed steps (fp32, no checkpointing): a second batch size for the
-    step-time fit (:func:`autotune.estimator.fit_step_time`), without the memory, FLOPs and
-    probes a whole profile measures again."""
-    device_obj = dev.resolve_device(device)
-    runner = TrainRunner(load_model_file(model_path), device=device_obj, micro_batch=batch_size)
-    try:
-        timings = _timed_steps(runner, steps, warmup, lambda phase, done, total: None)
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        raise OutOfMemory(model_path, batch_size, "fp32", device_obj, exc) from None
-    finally:
-        runner.close()
-    config = ProfileConfig(batch_size=batch_size, precision="fp32", checkpointing=False,
-                           steps=steps, warmup=warmup, device=device_obj.type)  # fmt: skip
-    return TimedSteps(config=config, time=timings.summary())
-
-
 def _checkpoint_all(runner: TrainRunner) -> None:
     found = find_block_stack(runner.model)
     if found is None:
