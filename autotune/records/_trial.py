@@ -54,6 +54,12 @@ class TrialSettings(_Record):
     max_measure_s: float = Field(
         default=15.0, gt=0, description="cap on seconds of measured steps (with a width)"
     )
+    measure_peak: bool = Field(
+        default=True,
+        description="run the untimed step(s) after the timed ones that measure each rank's peak "
+        "(False: a re-run of a plan whose peak an earlier run measured; a GPU's allocator peak "
+        "of the timed steps is still read)",
+    )
 
 
 class WorkerSpec(_Record):

@@ -157,18 +157,38 @@ def _gone(pid: int) -> bool:
     return False
 
 
+COUNTING = MODEL + textwrap.dedent(
+    """
+    import os
+    _mse = loss_fn
+
+    def loss_fn(model, batch):
+        with open(os.environ["LOSS_LOG"], "a") as log:
+            log.write("1\\n")
+        return _mse(model, batch)
+    """
+)
+
+
 @pytest.mark.slow
-def test_one_rank_zero2_trial_peak_matches_the_estimate(model: str, tmp_path: Path) -> None:
+def test_one_rank_zero2_trial_peak_matches_the_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The peak of the untimed step after the timed ones matches the estimate; a re-run that
+    needs no peak (``measure_peak`` off) runs exactly the warm-up and the timed steps (the
+    model's own loss calls counted) and reports none."""
     from autotune.estimator import estimate_plan, facts_from_profile
     from autotune.runtime.profiler import profile
 
+    model, log = tmp_path / "counting.py", tmp_path / "losses"
+    model.write_text(COUNTING)
+    monkeypatch.setenv("LOSS_LOG", str(tmp_path / "profile-losses"))
     facts = facts_from_profile(profile(model, batch_size=2, steps=1, warmup=1, device="cpu"))
     plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2)
     predicted = estimate_plan(facts, plan).memory
-    runner = SubprocessRunner(
-        entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
-    )
-    report = runner.run(plan, _settings(model, timeout_s=300))
+    runner = SubprocessRunner(entry_points=ENTRY_POINTS, workdir=tmp_path / "trials",
+                              env={"OMP_NUM_THREADS": "1", "LOSS_LOG": str(log)})  # fmt: skip
+    report = runner.run(plan, _settings(str(model), timeout_s=300))
     result = report.result
     outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
     assert outcome == "ok", report.stderr_tail[-2000:]
@@ -179,6 +199,13 @@ def test_one_rank_zero2_trial_peak_matches_the_estimate(model: str, tmp_path: Pa
     buckets = 2 * 4 * (PARAMETERS + PARAMETERS % 2)
     assert f"ZeRO gradient buckets of {buckets:,} bytes" in predicted.peak_composition
     assert abs(result.peak - predicted.peak) <= 0.10 * predicted.peak
+    # 1 warm-up + 2 timed + 1 peak step, 2 micro-batches each
+    assert len(log.read_text().splitlines()) == 4 * 2
+    log.unlink()
+    again = runner.run(plan, _settings(str(model), timeout_s=300, measure_peak=False)).result
+    assert again is not None and again.samples_per_s is not None and again.completed_steps == 3
+    assert again.peak_memory_bytes == [] and again.peak is None and again.peak_source is None
+    assert len(log.read_text().splitlines()) == 3 * 2
 
 
 @pytest.mark.slow

@@ -82,7 +82,11 @@ def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     cuda = cuda_peak(engine.device)
     # The engine's flat buffers and partitions are not all reachable from the model or
     # the optimizer, so everything alive on the device counts as present at the start.
-    live = live_peak(engine.device, tensors_on(engine.device), step)
+    live = (
+        live_peak(engine.device, tensors_on(engine.device), step)
+        if spec.settings.measure_peak
+        else None
+    )
     tokens = model_file.tokens_per_sample(last[0])
     device = engine.device
     batches.close()

@@ -98,12 +98,13 @@ def _init_group(device_type: str) -> None:
 
 
 def fsdp2_trial(
-    spec: Any, steps: Any, live_peak: Callable[[torch.device, Callable[[], object]], int]
+    spec: Any, steps: Any, live_peak: Callable[[torch.device, Callable[[], object]], int | None]
 ) -> dict[str, Any]:
     """An ``engine=fsdp2`` trial inside one rank: shard, run the spec's steps, measure.
 
     ``steps`` is the trial worker's step loop (warm-up, timed steps, progress);
-    ``live_peak(device, step)`` is its live-tensor measure of one more, untimed step.
+    ``live_peak(device, step)`` is its live-tensor measure of one more, untimed step (``None``:
+    not measured, the spec's ``measure_peak`` off).
     Returns the trial worker's info dict (``engine: fsdp2``).
     """
     from autotune.runtime import _device as dev

@@ -48,9 +48,11 @@ def _torch_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
         live: int | None = None
         source = "cpu_live_tensors"
         try:
-            # The profile's own tracked step and measure (on CPU, c10's allocator over a plain step).
-            tracked = tracked_step(runner).peak
-            live, source = tracked.peak, tracked.source
+            if spec.settings.measure_peak:
+                # The profile's own tracked step and measure (on CPU, c10's allocator over a
+                # plain step).
+                tracked = tracked_step(runner).peak
+                live, source = tracked.peak, tracked.source
         except Exception as exc:  # e.g. a compiled model the dispatch mode cannot follow
             sys.stderr.write(f"autotune: live tensors not tracked ({type(exc).__name__}: {exc})\n")
     finally:
@@ -67,8 +69,9 @@ def _torch_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
             "live": live, "live_source": source, "cuda": cuda}  # fmt: skip
 
 
-def _peaks(info: dict[str, Any], watch: MemoryWatch) -> dict[str, Any]:
-    """Per-rank peaks: the judged one and its source, live tensor bytes, RSS growth."""
+def _peaks(info: dict[str, Any], watch: MemoryWatch, measured: bool = True) -> dict[str, Any]:
+    """Per-rank peaks: the judged one and its source, live tensor bytes, RSS growth; where the
+    peak step did not run (``measured`` false) only a GPU's allocator peak is judged."""
     mine = (info["cuda"], info["live"], watch.peak_delta())
     world = ranks()[1]
     gathered: list[Any] = [mine]
@@ -82,6 +85,8 @@ def _peaks(info: dict[str, Any], watch: MemoryWatch) -> dict[str, Any]:
         peak, source = cuda, "cuda_max_allocated"
     elif None not in live:
         peak, source = live, info.get("live_source", "cpu_live_tensors")
+    elif not measured:
+        peak, source = [], None
     else:  # not comparable with the estimate; labelled so
         peak, source = rss, "cpu_rss_delta"
     return {"peak_memory_bytes": peak, "peak_source": source, "rss_delta_bytes": rss,
@@ -108,7 +113,7 @@ def run_trial(
     from autotune.runtime.link import trial_link  # torch.distributed: only where a trial runs
 
     link = trial_link()
-    peaks = _peaks(info, watch)
+    peaks = _peaks(info, watch, settings.measure_peak)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time
     tokens = info["tokens"]
@@ -135,9 +140,10 @@ def run_trial(
 def _fsdp2_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     from autotune.runtime.trial.fsdp2 import fsdp2_trial
 
-    return fsdp2_trial(
-        spec, steps, lambda device, step: live_peak(device, tensors_on(device), step)
-    )
+    def peak(device: Any, step: Callable[[], object]) -> int | None:
+        return live_peak(device, tensors_on(device), step) if spec.settings.measure_peak else None
+
+    return fsdp2_trial(spec, steps, peak)
 
 
 def _reset_device_peaks() -> None:
