@@ -118,7 +118,7 @@ def _measured_run(runner: TrialRunner, settings: TrialSettings,
 
 def _run(runner: TrialRunner, settings: TrialSettings, plan: Plan) -> tuple[Value | None, float]:
     """One re-run's samples/s and tokens/s (``None``: it failed), and its seconds. A re-run
-    measures no peak: the plan's first run did (one untimed step fewer: ~10 s a run at 124M)."""
+    measures no peak: the plan's first run did (one untimed step fewer)."""
     result, seconds = _measured_run(
         runner, settings.model_copy(update={"measure_peak": False}), plan
     )
