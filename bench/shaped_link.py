@@ -136,6 +136,14 @@ def _seconds(calls: list[Calls], plan: Plan, sweep: LinkMeasure) -> float:
     return collective_seconds(calls, plan.world_size, WIDTH_BYTES, link)
 
 
+def _calls(plan: Plan, results: dict[str, Any]) -> list[Calls]:
+    """``step_calls`` of ``plan`` on the job's model (its FSDP2 units: a file from before they
+    were written has none)."""
+    return step_calls(plan, results["parameters"], results["parameter_sizes"],
+                      blocks=results.get("blocks", 0),
+                      block_parameters=results.get("block_parameters"))  # fmt: skip
+
+
 def rows_of(rate: str, results: dict[str, Any]) -> list[Row]:
     """Predicted and measured communication per step of each plan the job ran at ``rate``."""
     shaped = LinkMeasure.model_validate(results["sweep_shaped"])
@@ -143,7 +151,7 @@ def rows_of(rate: str, results: dict[str, Any]) -> list[Row]:
     rows = []
     for name, run in results["plans"].items():
         plan = _plan(run["knobs"])
-        calls = step_calls(plan, results["parameters"], results["parameter_sizes"])
+        calls = _calls(plan, results)
         extra = [s - o for s, o in zip(run["shaped"], run["open"], strict=True)]
         rows.append(Row(rate, name, _seconds(calls, plan, shaped) - _seconds(calls, plan, opened),
                         statistics.median(extra), min(extra), max(extra)))  # fmt: skip
@@ -156,7 +164,7 @@ def collectives_check(results: dict[str, Any]) -> dict[str, dict[str, Counts]]:
     flag all-reduces)."""
     checked: dict[str, dict[str, Counts]] = {}
     for name, run in results["plans"].items():
-        calls = step_calls(_plan(run["knobs"]), results["parameters"], results["parameter_sizes"])
+        calls = _calls(_plan(run["knobs"]), results)
         counted: dict[str, tuple[float, int]] = {}
         for raw, (count, nbytes) in run["calls"].items():
             if raw in COLLECTIVE_NAMES and nbytes > 64:

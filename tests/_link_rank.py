@@ -196,7 +196,13 @@ def main(out: str, rate: str, plans: list[str], rounds: int = ROUNDS, sweep_trie
         "sweep_failures": failures,
     }
     sizes = [p.numel() for p in model().parameters()]
-    results.update(parameters=sum(sizes), parameter_sizes=sizes, plans={})
+    results.update(
+        parameters=sum(sizes),
+        parameter_sizes=sizes,
+        plans={},
+        blocks=BLOCKS,
+        block_parameters=WIDTH * WIDTH + WIDTH,
+    )  # :class:`Stack`'s, as FSDP2 shards it
     for entry in plans:
         name, _, knobs = entry.partition("=")
         results["plans"][name] = {"knobs": knobs, **run_plan(knobs, rate, rounds)}

@@ -18,8 +18,13 @@ The schedules are DeepSpeed 0.19's and FSDP2's, read from their source and count
   depth x is reused 2P(1 - x) elements later, so the first ``1 - K / 2P`` of the stack is
   gathered again, K the smaller limit: none of a model under 500M parameters (not checked on
   one larger).
-- FSDP2 all-gathers every micro-batch in forward, again in backward where it reshards after
-  forward (stage 3), and reduce-scatters the gradients every micro-batch.
+- FSDP2 (``fully_shard`` on each block of the stack, then on the root, as autotune applies it)
+  issues one all-gather per unit (each block, and the root's own parameters) every micro-batch
+  in forward, one per block again in backward where it reshards after forward (stage 3; the
+  root is kept gathered for backward), and one reduce-scatter per unit every micro-batch.
+  Counted in a 2-rank run with 2 and 6 blocks: per micro-batch 5 and 13 all-gathers at stage 3
+  (3 and 7 at stage 2), 3 and 7 reduce-scatters. On a slow-latency link (gloo: ~1 ms a call)
+  the count, not the bytes, sets a small model's time.
 """
 
 from __future__ import annotations
@@ -78,16 +83,22 @@ def step_calls(
     parameter_sizes: Sequence[int] | None = None,
     *,
     keep_elements: int = STAGE3_KEEP_ELEMENTS,
+    blocks: int = 0,
+    block_parameters: int | None = None,
 ) -> list[Calls]:
     """The collectives a plan issues per optimizer step over its data-parallel ranks.
 
     Args:
         plan: engine, stage, ranks and accumulation.
         parameters: trainable elements (the gradients reduced, the parameters gathered).
-        parameter_sizes: each parameter's elements; sizes the count of ZeRO-3/FSDP2 gathers
-            (one per parameter above the persistence threshold; ``None``: one per step).
+        parameter_sizes: each parameter's elements; sizes the count of ZeRO-3 gathers (one per
+            parameter above the persistence threshold; ``None``: one per step).
         keep_elements: the smaller of DeepSpeed's ``stage3_max_reuse_distance`` and
             ``stage3_max_live_parameters`` (:func:`regathered_share`).
+        blocks: blocks in the repeated stack, each its own FSDP2 unit (0: none found, the root
+            alone is sharded).
+        block_parameters: elements of one block: what FSDP2 gathers again in backward (``None``:
+            not known, taken as all the parameters).
     """
     if plan.world_size <= 1 or parameters <= 0:
         return []
@@ -99,15 +110,27 @@ def step_calls(
         if plan.zero_stage >= 1:
             calls.append(Calls("all_gather", psi, 1))
         return calls
-    gathers = max(1, sum(size > STAGE3_PERSISTENCE_THRESHOLD for size in parameter_sizes or ()))
     if plan.engine == "fsdp2":
-        again = 1.0 if plan.reshard_after_forward else 0.0
-    else:
-        again = regathered_share(psi, keep_elements)
+        return _fsdp2_calls(plan, psi, blocks, block_parameters)
+    gathers = max(1, sum(size > STAGE3_PERSISTENCE_THRESHOLD for size in parameter_sizes or ()))
+    again = regathered_share(psi, keep_elements)
     return [
         Calls("all_gather", psi * ga, gathers * ga),
         Calls("all_gather", psi * again * ga, math.ceil(gathers * again) * ga),
         Calls("reduce_scatter", psi * ga, ga),
+    ]
+
+
+def _fsdp2_calls(plan: Plan, psi: float, blocks: int, block_parameters: int | None) -> list[Calls]:
+    """FSDP2's collectives per step: per micro-batch one all-gather per unit in forward, one per
+    block again in backward at stage 3, one reduce-scatter per unit."""
+    ga, units = plan.grad_accum, blocks + 1
+    stack = min(psi, blocks * block_parameters) if block_parameters else psi if blocks else 0.0
+    regathered = blocks if plan.reshard_after_forward else 0
+    return [
+        Calls("all_gather", psi * ga, units * ga),
+        Calls("all_gather", (stack if regathered else 0.0) * ga, regathered * ga),
+        Calls("reduce_scatter", psi * ga, units * ga),
     ]
 
 
@@ -212,11 +235,19 @@ def link_measure(points: Sequence[LinkPoint], world_size: int, backend: str) -> 
 
 
 def step_communication(
-    plan: Plan, parameters: float, parameter_sizes: Sequence[int] | None, machine: Machine
+    plan: Plan,
+    parameters: float,
+    parameter_sizes: Sequence[int] | None,
+    machine: Machine,
+    *,
+    blocks: int = 0,
+    block_parameters: int | None = None,
 ) -> tuple[float, float | None, str | None]:
     """A plan's bytes each rank sends per optimizer step, their seconds on the machine's link
-    (``None``: no link known) and a note naming the link's source (``None``: nothing sent)."""
-    calls = step_calls(plan, parameters, parameter_sizes)
+    (``None``: no link known) and a note naming the link's source (``None``: nothing sent);
+    ``blocks`` and ``block_parameters`` as :func:`step_calls` takes them."""
+    calls = step_calls(plan, parameters, parameter_sizes, blocks=blocks,
+                       block_parameters=block_parameters)  # fmt: skip
     width = cm.communicated_bytes_per_element(plan.precision)
     nbytes = bus_bytes(calls, plan.world_size, width)
     if nbytes <= 0:

@@ -357,7 +357,10 @@ def estimate_plan(
             "the other, more frequent mode"
         )
     psi = facts.trainable_parameters
-    comm_bytes, comm_s, comm_note = step_communication(plan, psi, facts.parameter_sizes, machine)
+    comm_bytes, comm_s, comm_note = step_communication(
+        plan, psi, facts.parameter_sizes, machine,
+        blocks=facts.num_layers, block_parameters=facts.block_parameters,
+    )  # fmt: skip
     notes.extend(note for note in (comm_note,) if note)
     offload = zero.offload_bytes_per_step(
         parameters=facts.parameters,

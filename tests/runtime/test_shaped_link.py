@@ -2,8 +2,8 @@
 
 Two "nnodes" of one rank each (torchrun's c10d rendezvous, as ``autotune agent`` runs them) in a
 network namespace made for the test, talking over its own loopback, which ``tc`` tbf shapes to
-1 Gbit/s. In one job: a link sweep shaped and one open, then DeepSpeed ZeRO-2 and ZeRO-3 steps
-in windows that alternate shaped and open. The measured communication time of a plan is the
+1 Gbit/s. In one job: a link sweep shaped and one open, then DeepSpeed ZeRO-2 and ZeRO-3 and
+FSDP2 stage-3 steps in windows that alternate shaped and open. The measured communication time of a plan is the
 median, over the pairs of windows, of (shaped - open) seconds per step: the same steps, the same
 processes, only the link changed. The prediction is the time model's on the shaped sweep less
 the same on the open sweep, so both sides count only what the shaping adds.
@@ -35,6 +35,9 @@ PLANS = {
     # DeepSpeed releasing each parameter after use, as it does past 1e9 elements: gathered again
     # in backward, so over this link ZeRO-3 moves more than ZeRO-2
     "zero3_released": "stage=3,mb=4,ga=2+release",
+    # fully_shard per block, then the root, as autotune's FSDP2 trials shard: one collective
+    # per unit, so its call count is checked too
+    "fsdp2_3": "engine=fsdp2,stage=3,mb=4,ga=2",
 }
 JOB_TIMEOUT_S = 240
 TOLERANCE = 0.25
@@ -75,19 +78,28 @@ def test_predicted_communication_within_25_percent_of_the_shaped_link(
     # tbf lets no more than its rate through (both directions share lo's one queue)
     assert shaped.gbps <= 1.0 * 1.1, shaped
     psi, sizes = results["parameters"], results["parameter_sizes"]
+    units = {"blocks": results["blocks"], "block_parameters": results["block_parameters"]}
     predicted, measured = {}, {}
     for name, run in results["plans"].items():
         knobs, _, release = run["knobs"].partition("+")
         plan = parse_plan(f"{knobs},nproc_per_node=1,nnodes=2")
-        calls = step_calls(plan, psi, sizes, keep_elements=0 if release else 10**9)
-        # the schedule modelled is the one DeepSpeed ran: bytes per collective within 1 %
-        # (DeepSpeed pads partitions to the world size)
+        calls = step_calls(plan, psi, sizes, keep_elements=0 if release else 10**9, **units)
+        # the schedule modelled is the one the engine ran: bytes per collective within 1 %
+        # (DeepSpeed pads partitions to the world size); FSDP2's calls, one per unit, counted
         counted = {c: b for c, (_, b) in run["calls"].items() if b > 64}  # the flag all-reduces
-        counted["all_gather"] = counted.pop("all_gather_into_tensor", 0)
-        counted["reduce_scatter"] = counted.pop("reduce_scatter_tensor", 0)
+        calls_run = {c: n for c, (n, _) in run["calls"].items()}
+        for alias, collective in (("all_gather_into_tensor", "all_gather"),
+                                  ("all_gather_single", "all_gather"),
+                                  ("reduce_scatter_tensor", "reduce_scatter"),
+                                  ("reduce_scatter_single", "reduce_scatter")):  # fmt: skip
+            counted[collective] = counted.get(collective, 0) + counted.pop(alias, 0)
+            calls_run[collective] = calls_run.get(collective, 0) + calls_run.pop(alias, 0)
         for collective in ("all_reduce", "all_gather", "reduce_scatter"):
-            elements = sum(c.elements for c in calls if c.collective == collective)
+            mine = [c for c in calls if c.collective == collective]
+            elements = sum(c.elements for c in mine)
             assert counted.get(collective, 0) == pytest.approx(4 * elements, rel=0.01), (name, run)
+            if plan.engine == "fsdp2" and collective != "all_reduce":
+                assert calls_run[collective] == sum(c.count for c in mine), (name, run)
         predicted[name] = collective_seconds(calls, 2, 4, _link(shaped, plan)) - collective_seconds(
             calls, 2, 4, _link(opened, plan)
         )
