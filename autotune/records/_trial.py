@@ -60,6 +60,11 @@ class TrialSettings(_Record):
         "(False: a re-run of a plan whose peak an earlier run measured; a GPU's allocator peak "
         "of the timed steps is still read)",
     )
+    sweep_link: bool = Field(
+        default=True,
+        description="sweep the link between the ranks after the steps (False: the study has a "
+        "link already, or the run is a comparison's)",
+    )
 
 
 class WorkerSpec(_Record):

@@ -240,6 +240,7 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     from their ranges.
     """
     chosen = entries(ranked, baseline)
+    settings = settings.model_copy(update={"sweep_link": False})  # the search's link stands
     twin = _unchanged_entry(runner, settings, ranked, chosen) if repeats > 0 else None
     chosen += [twin] if twin is not None else []
     labels = [label for label, _ in chosen]

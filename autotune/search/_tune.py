@@ -237,7 +237,12 @@ class _Search:
         return unpaid.reason
 
     def _measure(self, plan: Plan) -> dict[str, Any]:
-        report = self.runner.run(plan, self.settings)
+        # Once a trial has swept the link, the others need not (~1 s each): one is used.
+        known = self.link is not None
+        settings = (
+            self.settings.model_copy(update={"sweep_link": False}) if known else self.settings
+        )
+        report = self.runner.run(plan, settings)
         outcome = classify_outcome(
             report.returncode, report.timed_out, report.result, report.stderr_tail
         )

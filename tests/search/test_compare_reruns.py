@@ -195,17 +195,20 @@ def test_the_policys_attention_is_measured_against_the_model_unchanged(
     assert (len(said) == 1 and why in said[0]) if wins else not said
 
 
-def test_re_runs_measure_no_peak_the_first_runs_did() -> None:
+def test_re_runs_measure_no_peak_the_first_runs_did_and_no_run_sweeps_the_link() -> None:
     """The twin's first run is the plan's first: it measures the peak. The rounds' re-runs of
     plans already run skip the untimed peak step, and what each re-run reports as a peak is
-    not taken: the plan's peak is its first run's."""
+    not taken: the plan's peak is its first run's. No comparison run sweeps the link (the
+    search's stands)."""
     best = _with_sdpa(_trial(0, 4, 20.0)).model_copy(update={"peak_memory_bytes": 700})
     asked: list[tuple[str, bool]] = []
+    sweeps: list[bool] = []
     speeds = {"sdpa": iter([20.1, 20.2]), "default": iter([20.0, 19.9, 20.05])}
     peaks = {"sdpa": 999, "default": 500}
 
     def run(plan: Plan, settings: TrialSettings) -> TrialResult:
         asked.append((plan.attention, settings.measure_peak))
+        sweeps.append(settings.sweep_link)
         return TrialResult(completed_steps=2, samples_per_s=next(speeds[plan.attention]),
                            peak_memory_bytes=[peaks[plan.attention]])  # fmt: skip
 
@@ -214,6 +217,7 @@ def test_re_runs_measure_no_peak_the_first_runs_did() -> None:
     assert asked[0] == ("default", True)  # the twin, never run before
     assert asked[1:] and all(not measure for _, measure in asked[1:])
     assert [m.peak_memory_bytes for m in result.measured] == [700, 500]
+    assert sweeps and not any(sweeps)
 
 
 def test_no_twin_runs_for_a_best_that_changes_no_code_or_at_repeats_0() -> None:

@@ -240,6 +240,12 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     assert all(p.low <= p.seconds <= p.high for p in link.points)
     assert link.bandwidth_bytes_per_s > 0 and set(link.collectives) == {
         "all_reduce", "all_gather", "reduce_scatter"}  # fmt: skip
+    # a run of a study that has its link and the plan's peak (a comparison's re-run): neither
+    # is measured again, the steps are
+    again = runner.run(plan, settings.model_copy(update={"measure_peak": False,
+                                                         "sweep_link": False})).result  # fmt: skip
+    assert again is not None and again.completed_steps == 3 and again.samples_per_s
+    assert again.link is None and again.peak_memory_bytes == [] and again.peak_source is None
 
 
 FLAKY_WORKER = textwrap.dedent(

@@ -354,8 +354,11 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
               for size in (2**16, 2**20)]  # fmt: skip
     link = link_measure(points, 2, "gloo")
 
+    sweeps: list[bool] = []
+
     def swept(plan: Plan, s: TrialSettings) -> TrialResult:
-        return behaviour(plan, s).model_copy(update={"link": link})
+        sweeps.append(s.sweep_link)
+        return behaviour(plan, s).model_copy(update={"link": link if s.sweep_link else None})
 
     relinked: list[LinkMeasure] = []
 
@@ -373,3 +376,5 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
     assert later and all(t.predicted_step_ratio == 0.5 for t in later)
     assert all(t.predicted_step_ratio != 0.5 for t in record.trials if t.number <= first.number)
     assert any(f"swept after trial {first.number}" in note for note in record.notes)
+    # one sweep is used, so the trials after it and the comparison's runs sweep none
+    assert sweeps[0] and not any(sweeps[1:]) and len(sweeps) > 1

@@ -112,7 +112,7 @@ def run_trial(
     info = (_fsdp2_trial if plan.engine == "fsdp2" else trial)(spec, steps)
     from autotune.runtime.link import trial_link  # torch.distributed: only where a trial runs
 
-    link = trial_link()
+    link = trial_link() if settings.sweep_link else None
     peaks = _peaks(info, watch, settings.measure_peak)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time
