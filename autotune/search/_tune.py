@@ -121,29 +121,45 @@ class _Search:
         return prediction
 
     def queue_neighbours(self, records: list[TrialRecord], notes: list[str]) -> bool:
-        """Once the queue is drained, queue the best measured plan's micro-batch neighbours
-        that no trial has had and the estimate does not predict to miss the budget: measured,
-        not ranked by the step-time model, whose split of a step into a fixed part per
-        micro-batch and a part per sample comes from one process (a trial's engine and its
-        ranks sharing a host's memory can rank micro-batches otherwise: on the 124M grid
-        here, bf16 ZeRO-0 ran 5.3 s per step at mb=1 ga=4 against 6.7 s at mb=4). Whether
-        any was queued."""
+        """Once the queue is drained, queue the best measured plan's neighbours that no trial
+        has had and the estimate does not predict to miss the budget, measured whatever their
+        predicted time: its micro-batch neighbours (the step-time model's split of a step into a
+        fixed part per micro-batch and a part per sample comes from one process; a trial's
+        engine and its ranks sharing a host's memory can rank micro-batches otherwise: on the
+        124M grid here, bf16 ZeRO-0 ran 5.3 s per step at mb=1 ga=4 against 6.7 s at mb=4),
+        and for a sharded best its twin at the lowest ZeRO stage predicted to fit (the model
+        tells stages apart by under 1 % on a small model, where the engines' own costs
+        decide: tiny Llama's bf16 mb=16 ran 142 samples/s at ZeRO-0 against 134 at ZeRO-2).
+        Whether any was queued."""
         ranked = best_records(records)
         if not ranked or any(r.state == "waiting" for r in records):
             return False
         best, known = ranked[0].plan, {r.plan for r in records}
         queued = []
-        for plan in self.space.neighbours(best):
+        for plan in [*self.space.neighbours(best), *self._lowest_stage(best)]:
             prediction = self.prediction(plan)
-            if plan in known or (prediction is not None and not prediction.fits):
+            if plan in known or plan in queued or (prediction is not None and not prediction.fits):
                 continue
             _study.enqueue(self.study, self.space, plan, "neighbour")
             queued.append(plan)
         if queued:
-            notes.append(f"micro-batch neighbours of the best measured plan (trial "
-                         f"{ranked[0].number}) queued, measured whatever their prediction: "
+            notes.append(f"neighbours of the best measured plan (trial {ranked[0].number}: "
+                         "micro-batch, lowest ZeRO stage predicted to fit) queued, measured "
+                         "whatever their prediction: "
                          + ", ".join(plan.describe() for plan in queued))  # fmt: skip
         return bool(queued)
+
+    def _lowest_stage(self, best: Plan) -> list[Plan]:
+        """``best`` at the lowest DeepSpeed ZeRO stage of the space below its own that is
+        predicted to fit (``[]``: none, or no prediction to say)."""
+        if best.engine != "deepspeed" or self.predict is None:
+            return []
+        params = self.space.params(best)
+        for stage in sorted(s for s in self.space.zero_stages if s < best.zero_stage):
+            plan = self.space.plan({**params, "zero_stage": stage})
+            if plan.zero_stage < best.zero_stage and self._predicted(plan).fits:
+                return [plan]
+        return []
 
     def worth_running(self, records: list[TrialRecord]) -> bool:
         """Whether a plan is left that is queued, or not yet measured and not predicted
