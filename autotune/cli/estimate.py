@@ -364,7 +364,8 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
     title = (
         f"{record.model}: {format_count(record.parameters)} parameters, L={record.num_layers}, "
         f"{_devices(record)}, device memory {budget} (margin {record.margin:.0%}); every size in "
-        f"{unit}: per device, host RAM per node, bytes communicated per step"
+        f"{unit}: per device, host RAM per node, bytes communicated per step (comm s: their "
+        "seconds on the link)"
     )
     table = Table(title=title, show_header=True, header_style="bold")
     rows = ranked(record) if ranked_rows else list(record.plans)
@@ -374,14 +375,16 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
     hosted = any(est.host_bytes_per_node for est in record.plans)
     timed = any(est.predicted_step_seconds for est in record.plans)
     clock = ["s/step", "samples/s/dev"] if timed else ["time", "speed"]
+    linked = any(est.communication_seconds is not None for est in record.plans)
     columns += ["peak", *(["host/node"] if hosted else []), "fits", *clock, "comm/step"]
+    columns += ["comm s"] if linked else []
     columns += ["days"] if record.train_tokens else []
     shown = rows[:top]
     widest = max(len(_short(est.plan)) for est in shown)
     for name in columns:
         plan_column = name == "plan"  # one line each, never cut
         table.add_column(name, justify="left" if plan_column else "right", no_wrap=True,
-                         min_width=widest if plan_column else None)  # fmt: skip
+                         min_width=widest if plan_column else len(name))  # fmt: skip
 
     def size(value: float) -> str:
         return f"{value / scale:.2f}"
@@ -408,6 +411,7 @@ def render(record: EstimateRecord, *, ranked_rows: bool = False, top: int | None
                 ]
             ),
             size(est.communication_bytes_per_step),
+            *([_seconds(est.communication_seconds)] if linked else []),
         ]
         if record.train_tokens:
             row.append("–" if est.train_days is None else f"{est.train_days:.1f}")

@@ -146,3 +146,24 @@ def test_without_a_budget_no_plan_over_the_default_device_is_marked_best(
     fp32_plain = next(e for p, e in by_plan.items() if p.precision == "fp32" and p.zero_stage == 0
                       and p.micro_batch == 1 and p.checkpoint_blocks == 0)  # fmt: skip
     assert fp32_plain["fits"] is False
+
+
+def test_each_plans_communication_seconds_sit_in_its_row_and_the_link_is_named_once(
+    args: list[str],
+) -> None:
+    """On a given link every plan's communication time is a column of its own row (the JSON's
+    ``communication_seconds``), and the link's source is one note, not one unnamed line a plan."""
+    linked = [*args, "--inter-gbps", "10", "--nnodes", "2", "--top", "6"]
+    shown = runner.invoke(app, linked)
+    assert shown.exit_code == 0, shown.output
+    record = json.loads(runner.invoke(app, [*linked, "--json"]).stdout)
+    header = next(line for line in shown.stdout.splitlines() if line.startswith("┃"))
+    assert header.strip("┃").split("┃")[-1].strip() == "comm s"
+    by_plan = {Plan.model_validate(e["plan"]): e["communication_seconds"] for e in record["plans"]}
+    rows = _rows(shown.stdout)
+    assert len(rows) == 6
+    for row in rows:
+        expected = by_plan[_plan(row[1]).with_changes(nnodes=2)]
+        assert expected is not None and float(row[-1]) == pytest.approx(expected, rel=5e-3)
+    notes = [line for line in shown.stdout.splitlines() if line.startswith("note: communication")]
+    assert notes == ["note: communication timed on the given --inter-gbps"]
