@@ -138,7 +138,7 @@ class _Search:
         queued = []
         for plan in [*self.space.neighbours(best), *self._lowest_stage(best)]:
             prediction = self.prediction(plan)
-            if plan in known or plan in queued or (prediction is not None and not prediction.fits):
+            if plan in known or (prediction is not None and not prediction.fits):
                 continue
             _study.enqueue(self.study, self.space, plan, "neighbour")
             queued.append(plan)
@@ -157,7 +157,7 @@ class _Search:
         params = self.space.params(best)
         for stage in sorted(s for s in self.space.zero_stages if s < best.zero_stage):
             plan = self.space.plan({**params, "zero_stage": stage})
-            if plan.zero_stage < best.zero_stage and self._predicted(plan).fits:
+            if self._predicted(plan).fits:
                 return [plan]
         return []
 
@@ -254,9 +254,10 @@ class _Search:
 
     def _measure(self, plan: Plan) -> dict[str, Any]:
         # Once a trial has swept the link, the others need not (~1 s each): one is used.
-        known = self.link is not None
         settings = (
-            self.settings.model_copy(update={"sweep_link": False}) if known else self.settings
+            self.settings
+            if self.link is None
+            else self.settings.model_copy(update={"sweep_link": False})
         )
         report = self.runner.run(plan, settings)
         outcome = classify_outcome(
