@@ -198,7 +198,8 @@ def _measure(model: str, plan: Any, nproc: int, work: Path) -> list[dict[str, An
     job, out = work / "job.json", work / "out.json"
     job.write_text(json.dumps({"model": model, "plan": plan.model_dump_json()}))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", __file__, "--rank-worker", str(job), str(out)]  # fmt: skip
+               f"--nproc_per_node={nproc}", f"--log-dir={work / 'torchrun'}", __file__,
+               "--rank-worker", str(job), str(out)]  # fmt: skip
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           timeout=3600, check=False)  # fmt: skip
     if done.returncode:

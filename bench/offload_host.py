@@ -78,7 +78,8 @@ def _run_ranks(model: str, plans: list[Any], nproc: int, steps: int, timeout: fl
         job.write_text(json.dumps({"model": model, "steps": steps,
                                    "plans": [p.model_dump_json() for p in plans]}))  # fmt: skip
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={nproc}", __file__, "--rank-worker", str(job), str(out)]  # fmt: skip
+                   f"--nproc_per_node={nproc}", f"--log-dir={Path(directory) / 'torchrun'}",
+                   __file__, "--rank-worker", str(job), str(out)]  # fmt: skip
         print(f"waiting for {nproc} ranks to train {len(plans)} plans (deadline {timeout:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)

@@ -141,7 +141,8 @@ def _reference_jobs(
         out = work / f"out{index}.json"
         command = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", __file__, "--rank-worker", str(job), str(out),
+            f"--nproc_per_node={nproc}", f"--log-dir={work / 'torchrun'}", __file__,
+            "--rank-worker", str(job), str(out),
         ]  # fmt: skip
         if _run_ranks(command, options.timeout) and out.exists():
             ranks = json.loads(out.read_text())

@@ -65,23 +65,25 @@ def main() -> None:
     for change in code_changes_for(plan, block_stack_path="model.layers", num_blocks=4)[1:]:
         print(f"# code change: {change.what}")
     losses = Losses()
-    training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="autotune-hf-"),
-        deepspeed=config,
-        max_steps=args.steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        disable_tqdm=True,
-        use_cpu=not torch.cuda.is_available(),  # HF refuses bf16 on CPU without it
-        **hf_training_arguments(plan, num_blocks=4),
-    )
-    trainer = Trainer(
-        model=model, args=training_args, train_dataset=Synthetic(), callbacks=[losses]
-    )
-    trainer.train()
+    # The Trainer needs an output folder; it saves nothing there (save_strategy "no").
+    with tempfile.TemporaryDirectory(prefix="autotune-hf-") as output_dir:
+        training_args = TrainingArguments(
+            output_dir=output_dir,
+            deepspeed=config,
+            max_steps=args.steps,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            learning_rate=1e-3,
+            lr_scheduler_type="constant",
+            disable_tqdm=True,
+            use_cpu=not torch.cuda.is_available(),  # HF refuses bf16 on CPU without it
+            **hf_training_arguments(plan, num_blocks=4),
+        )
+        trainer = Trainer(
+            model=model, args=training_args, train_dataset=Synthetic(), callbacks=[losses]
+        )
+        trainer.train()
     if int(os.environ.get("RANK", "0")) == 0:
         # What the Trainer handed DeepSpeed once it filled the "auto" values.
         used = trainer.accelerator.state.deepspeed_plugin.deepspeed_config

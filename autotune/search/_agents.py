@@ -33,7 +33,7 @@ from typing import Any
 from autotune.records import JOIN_TIMEOUT_S, AutotuneError, EntryPoints, Plan, TrialSettings
 from autotune.search import _study
 from autotune.search._records import RunReport
-from autotune.search._runner import SubprocessRunner, TrialRunner
+from autotune.search._runner import SubprocessRunner, TrialRunner, torchrun_logs
 from autotune.search._storage_errors import lost_a_race, storage_error
 
 JOB_KEY = "autotune:job"
@@ -89,7 +89,7 @@ class RendezvousLauncher(SubprocessRunner):
             f"--nproc-per-node={job['nproc']}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={job['rdzv_endpoint']}", f"--rdzv-id={job['id']}",
             f"--rdzv-conf=join_timeout={int(job['join_timeout'])}", "--max-restarts=0",
-            *target, str(spec_path),
+            f"--log-dir={torchrun_logs(spec_path)}", *target, str(spec_path),
         ]  # fmt: skip
 
     def child_env(self, plan: Plan, settings: TrialSettings, port: int) -> dict[str, str]:

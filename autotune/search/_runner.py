@@ -50,6 +50,14 @@ _RENDEZVOUS = re.compile(
 )
 
 
+def torchrun_logs(spec_path: Path) -> Path:
+    """torchrun's ``--log-dir``: inside the launch's own folder (the spec's, or a worker
+    group's folder itself), removed with it. Without one torchrun makes a ``torchelastic_*``
+    folder in the system's temporary directory on every launch and never removes it."""
+    folder = spec_path if spec_path.is_dir() else spec_path.parent
+    return folder / "torchrun"
+
+
 class TrialRunner:
     """Runs one plan and reports how the launch ended. Subclass and implement :meth:`run`."""
 
@@ -200,14 +208,16 @@ class SubprocessRunner(TrialRunner):
         return time.monotonic() - start
 
     def command(self, plan: Plan, spec_path: Path, port: int) -> list[str]:
-        """The launch command for ``plan``'s number of ranks."""
+        """The launch command for ``plan``'s number of ranks (``spec_path``: the trial's spec,
+        or a worker group's folder)."""
         target = EntryPoints.target(self.worker)
         if plan.world_size == 1:
             return [self.python, *target, str(spec_path)]
         return [
             self.python, "-m", "torch.distributed.run", "--nnodes=1",
             f"--nproc-per-node={plan.world_size}", "--master-addr=127.0.0.1",
-            f"--master-port={port}", *target, str(spec_path),
+            f"--master-port={port}", f"--log-dir={torchrun_logs(spec_path)}", *target,
+            str(spec_path),
         ]  # fmt: skip
 
     def child_env(self, plan: Plan, settings: TrialSettings, port: int) -> dict[str, str]:

@@ -27,7 +27,7 @@ from autotune.records import (
 )
 from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import RunReport
-from autotune.search._runner import SubprocessRunner
+from autotune.search._runner import SubprocessRunner, torchrun_logs
 
 ARG_KEYS: dict[str, Callable[[Plan], int]] = {
     "train_micro_batch_size_per_gpu": lambda plan: plan.micro_batch,
@@ -155,16 +155,19 @@ def map_args(tokens: list[str], plan: Plan, arg_map: Mapping[str, str]) -> list[
 
 
 def script_command(
-    command: Sequence[str], plan: Plan, port: int, arg_map: Mapping[str, str]
-) -> list[str]:
+    command: Sequence[str], plan: Plan, port: int, arg_map: Mapping[str, str],
+    log_dir: Path | None = None,
+) -> list[str]:  # fmt: skip
     """The user's command for ``plan``: ranks and port added where it names none (a plain
-    ``python`` command gets torchrun for several ranks), mapped flags set to the plan's values."""
+    ``python`` command gets torchrun for several ranks), mapped flags set to the plan's values;
+    torchrun's ``--log-dir`` set to ``log_dir`` where given and the command names none."""
     kind, at = launcher(command)
     world, tokens = plan.world_size, list(command)
+    logs = [f"--log-dir={log_dir}"] if log_dir is not None else []
     if kind == "python" and world > 1:
         tokens = [tokens[0], "-m", "torch.distributed.run", "--nnodes=1",
                   f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
-                  f"--master-port={port}", *tokens[1:]]  # fmt: skip
+                  f"--master-port={port}", *logs, *tokens[1:]]  # fmt: skip
     elif kind in _FLAGS:
         nproc_names, port_names = _FLAGS[kind]
         own, added = _launcher_flags(command), []
@@ -172,6 +175,8 @@ def script_command(
             added += [nproc_names[0], str(world)]
         if _flag(own, port_names) is None and "--standalone" not in own:
             added += [port_names[0], str(port)]
+        if kind == "torchrun" and _flag(own, ("--log-dir", "--log_dir")) is None:
+            added += logs
         tokens = tokens[:at] + added + tokens[at:]
     return map_args(tokens, plan, arg_map)
 
@@ -203,7 +208,9 @@ class ScriptRunner(SubprocessRunner):
     def command(self, plan: Plan, spec_path: Path, port: int) -> list[str]:
         """The user's command for ``plan`` (:func:`script_command`)."""
         self._spec_path = spec_path  # the launch asks for its environment next
-        return script_command(self.user_command, plan, port, self.arg_map)
+        return script_command(
+            self.user_command, plan, port, self.arg_map, log_dir=torchrun_logs(spec_path)
+        )
 
     def child_env(self, plan: Plan, settings: TrialSettings, port: int) -> dict[str, str]:
         """The worker's environment plus the hook on ``PYTHONPATH`` and the spec's path."""

@@ -154,7 +154,7 @@ def test_the_emitted_code_runs_in_two_ranks_and_checkpoints_k_blocks(tmp_path: P
     (tmp_path / "codes.json").write_text(json.dumps(codes))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(TWO_RANK), str(tmp_path / "codes.json"), str(tmp_path / "out.json")]  # fmt: skip
+               f"--log-dir={tmp_path / 'torchrun'}", str(TWO_RANK), str(tmp_path / "codes.json"), str(tmp_path / "out.json")]  # fmt: skip
     done = subprocess.run(command, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -54,7 +54,7 @@ def train_in_torchrun(tmp_path: Path, knobs_list: list[str], nproc: int) -> dict
     ]
     (tmp_path / "configs.json").write_text(json.dumps(configs))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(HERE / "_ds_two_rank.py"), str(tmp_path / "configs.json"), str(tmp_path / "out.json")]  # fmt: skip
+               f"--log-dir={tmp_path / 'torchrun'}", str(HERE / "_ds_two_rank.py"), str(tmp_path / "configs.json"), str(tmp_path / "out.json")]  # fmt: skip
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results: dict[str, Any] = json.loads((tmp_path / "out.json").read_text())
@@ -107,17 +107,23 @@ def _host_parts_as_predicted(knobs: str, measured: dict[str, int]) -> None:
         assert measured[part] == pytest.approx(value, rel=0.05), f"{knobs}: {part}"
 
 
-def run_example(examples_dir: Path, name: str, plan: str, nproc: int = 1) -> dict[str, Any]:
+def run_example(
+    examples_dir: Path, name: str, plan: str, nproc: int = 1, tmp: Path | None = None
+) -> dict[str, Any]:
+    """Run an example (under torchrun for several ranks); ``tmp``: the run's temporary
+    directory (TMPDIR) and torchrun's log folder go there."""
     launcher = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
+        *([f"--log-dir={tmp / 'torchrun'}"] if tmp is not None else []),
     ]
     command = [*(launcher if nproc > 1 else [sys.executable]), str(examples_dir / name),
                "--plan", plan, "--steps", "3"]  # fmt: skip
-    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=900,
+    env = child_env(**({"TMPDIR": str(tmp)} if tmp is not None else {}))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900,
                           cwd=examples_dir)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -140,9 +146,13 @@ def test_deepspeed_example(examples_dir: Path) -> None:
         ("accelerate_train.py", "stage=2,mb=2,ga=2"),
     ],
 )
-def test_hf_trainer_and_accelerate_examples(examples_dir: Path, name: str, knobs: str) -> None:
+def test_hf_trainer_and_accelerate_examples(
+    examples_dir: Path, name: str, knobs: str, tmp_path: Path
+) -> None:
     plan = parse_plan(knobs)
-    result = run_example(examples_dir, name, knobs, nproc=plan.world_size)
+    result = run_example(examples_dir, name, knobs, nproc=plan.world_size, tmp=tmp_path)
+    # the Trainer's output folder is removed when it is done
+    assert not list(tmp_path.glob("autotune-hf-*")), list(tmp_path.iterdir())
     assert result["deepspeed"] is True
     assert result["resolved"] == {  # the Trainer / Accelerate filled "auto" with the plan's values
         "train_micro_batch_size_per_gpu": plan.micro_batch,

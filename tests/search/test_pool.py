@@ -91,11 +91,16 @@ def test_two_rank_worker_reused_after_zero3_measures_the_fresh_peak(
     ]
     fresh = SubprocessRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "fresh")
     expected = [_peaks(fresh.run(plan, _settings(model))) for plan in plans]
-    with PoolRunner(entry_points=ENTRY_POINTS, env=ENV, workdir=tmp_path / "pool") as pool:
+    system_tmp = tmp_path / "system-tmp"  # the group's temporary directory (TMPDIR)
+    system_tmp.mkdir()
+    env = {**ENV, "TMPDIR": str(system_tmp)}
+    with PoolRunner(entry_points=ENTRY_POINTS, env=env, workdir=tmp_path / "pool") as pool:
         reports = [pool.run(plan, _settings(model)) for plan in plans + plans]
     assert all(r.result is not None and r.result.reused for r in reports[1:])
     for report, want in zip(reports, expected + expected, strict=True):
         assert _close(_peaks(report), want), (report.result, want)
+    # torchrun's log folder went with the group's own: none left in the temporary directory
+    assert not list(system_tmp.glob("torchelastic_*")), list(system_tmp.iterdir())
 
 
 def test_a_failed_trial_relaunches_a_fresh_worker(model: str, tmp_path: Path) -> None:

@@ -44,6 +44,28 @@ def test_script_command_adds_ranks_and_port_only_where_missing(
 
 
 @pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (["python", "t.py"], ["python", "-m", "torch.distributed.run", "--nnodes=1",
+                              "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                              "--master-port=555", "--log-dir=/run/t/torchrun", "t.py"]),
+        (["torchrun", "t.py"], ["torchrun", "--nproc-per-node", "2", "--master-port", "555",
+                                "--log-dir=/run/t/torchrun", "t.py"]),
+        (["torchrun", "--log_dir", "/mine", "t.py"],
+         ["torchrun", "--nproc-per-node", "2", "--master-port", "555", "--log_dir", "/mine",
+          "t.py"]),
+        (["accelerate", "launch", "t.py"], ["accelerate", "launch", "--num_processes", "2",
+                                            "--main_process_port", "555", "t.py"]),
+    ],
+)  # fmt: skip
+def test_torchrun_logs_go_to_the_trials_folder_unless_the_command_names_its_own(
+    command: list[str], expected: list[str]
+) -> None:
+    # torchrun's default is a torchelastic_* folder in /tmp per launch, never removed
+    assert script_command(command, TWO, 555, {}, log_dir=Path("/run/t/torchrun")) == expected
+
+
+@pytest.mark.parametrize(
     ("tail", "expected"),
     [
         (["--batch-size", "16"], ["--batch-size", "4"]),

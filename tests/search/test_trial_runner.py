@@ -210,9 +210,10 @@ def test_one_rank_zero2_trial_peak_matches_the_estimate(
 
 @pytest.mark.slow
 def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
-    runner = SubprocessRunner(
-        entry_points=ENTRY_POINTS, env={"OMP_NUM_THREADS": "1"}, workdir=tmp_path / "trials"
-    )
+    system_tmp = tmp_path / "system-tmp"  # the launches' temporary directory (TMPDIR)
+    system_tmp.mkdir()
+    env = {"OMP_NUM_THREADS": "1", "TMPDIR": str(system_tmp)}
+    runner = SubprocessRunner(entry_points=ENTRY_POINTS, env=env, workdir=tmp_path / "trials")
     plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2, nproc_per_node=2)
     settings = _settings(model, timeout_s=300)
     report = runner.run(plan, settings)
@@ -246,6 +247,8 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
                                                          "sweep_link": False})).result  # fmt: skip
     assert again is not None and again.completed_steps == 3 and again.samples_per_s
     assert again.link is None and again.peak_memory_bytes == [] and again.peak_source is None
+    # torchrun's log folders went with the trials' own: none left in the temporary directory
+    assert not list(system_tmp.glob("torchelastic_*")), list(system_tmp.iterdir())
 
 
 FLAKY_WORKER = textwrap.dedent(
