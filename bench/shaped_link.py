@@ -9,9 +9,9 @@ The method of ``tests/runtime/test_shaped_link.py`` (shared code: ``tests/_link_
 ``tests/_link_rank.py``) at each rate: in a network namespace made for the run, two torchrun
 "nodes" of one rank each talk over its loopback (127.0.0.1), which ``tc`` tbf shapes to the rate.
 One job per rate sweeps the link shaped and open, then times each plan in windows that alternate
-shaped and open. Measured communication: the median, over the window pairs, of (shaped - open)
-seconds per step. Predicted: ``collective_seconds(step_calls(plan))`` on the shaped sweep less the
-same on the open sweep. The collectives each plan issued are counted and set against
+shaped and open, then sweeps it shaped again. Measured communication: the median, over the window
+pairs, of (shaped - open) seconds per step. Predicted: ``collective_seconds(step_calls(plan))``,
+the mean over the two shaped sweeps, less the same on the open sweep. The collectives each plan issued are counted and set against
 ``step_calls``; a disagreement is printed, not forced. The namespace is deleted at the end, also
 on error or Ctrl-C.
 """
@@ -34,7 +34,14 @@ from step_time import _Parser, _provenance, _refuse
 from zero_peaks import REPO
 
 sys.path.insert(0, str(REPO / "tests"))  # the shaped-link job lives with its CI test
-from _link_job import RDZV_PORT, LinkJobError, link_namespace, namespace_problem, run_job  # noqa: E402
+from _link_job import (  # noqa: E402
+    RDZV_PORT,
+    LinkJobError,
+    link_namespace,
+    namespace_problem,
+    run_job,
+    shaped_sweeps,
+)
 
 from autotune.estimator import Calls, collective_seconds, plan_link, step_calls  # noqa: E402
 from autotune.records import LinkMeasure, Machine, Plan, parse_plan  # noqa: E402
@@ -146,14 +153,15 @@ def _calls(plan: Plan, results: dict[str, Any]) -> list[Calls]:
 
 def rows_of(rate: str, results: dict[str, Any]) -> list[Row]:
     """Predicted and measured communication per step of each plan the job ran at ``rate``."""
-    shaped = LinkMeasure.model_validate(results["sweep_shaped"])
+    sweeps = shaped_sweeps(results)
     opened = LinkMeasure.model_validate(results["sweep_open"])
     rows = []
     for name, run in results["plans"].items():
         plan = _plan(run["knobs"])
         calls = _calls(plan, results)
         extra = [s - o for s, o in zip(run["shaped"], run["open"], strict=True)]
-        rows.append(Row(rate, name, _seconds(calls, plan, shaped) - _seconds(calls, plan, opened),
+        shaped = statistics.mean(_seconds(calls, plan, sweep) for sweep in sweeps)
+        rows.append(Row(rate, name, shaped - _seconds(calls, plan, opened),
                         statistics.median(extra), min(extra), max(extra)))  # fmt: skip
     return rows
 
@@ -190,9 +198,9 @@ def _percent(error: float | None) -> str:
 
 def print_rate(rate: str, results: dict[str, Any], rows: list[Row]) -> None:
     """The rate's sweeps, its table, and how the plans rank, predicted and measured."""
-    shaped = LinkMeasure.model_validate(results["sweep_shaped"])
+    shaped = "; after the windows ".join(_sweep_line(sweep) for sweep in shaped_sweeps(results))
     opened = LinkMeasure.model_validate(results["sweep_open"])
-    print(f"\n== tbf {rate}: shaped sweep {_sweep_line(shaped)}; open {_sweep_line(opened)}")
+    print(f"\n== tbf {rate}: shaped sweep {shaped}; open {_sweep_line(opened)}")
     for kind, errors in results.get("sweep_failures", {}).items():
         for error in errors:
             print(f"the {kind} sweep's fit refused its points, swept again: {error}")
@@ -236,8 +244,8 @@ def print_checks(checks: dict[str, dict[str, dict[str, Counts]]]) -> None:
             print(f"  (the counts at {rate} differ from the first rate's: {per_plan})")
 
 
-def print_summary(rows: list[Row], sweeps: dict[str, LinkMeasure]) -> None:
-    """|error| median and p90 over every row, and each rate's shaped sweep."""
+def print_summary(rows: list[Row], sweeps: dict[str, list[LinkMeasure]]) -> None:
+    """|error| median and p90 over every row, and each rate's shaped sweeps."""
     size = sorted(abs(r.error) for r in rows if r.error is not None)
     left_out = len(rows) - len(size)
     if size:
@@ -245,8 +253,11 @@ def print_summary(rows: list[Row], sweeps: dict[str, LinkMeasure]) -> None:
         print(f"\n{len(size)} rows: |error| median {100 * statistics.median(size):.1f} %, "
               f"p90 {100 * p90:.1f} %" + (f" ({left_out} rows with no measured time left out)"
                                           if left_out else ""))  # fmt: skip
-    print("shaped sweeps fitted: " + "; ".join(f"tbf {rate} -> {s.gbps:.3g} Gbit/s bus"
-                                               for rate, s in sweeps.items()))  # fmt: skip
+    fitted = (
+        f"tbf {rate} -> {' then '.join(f'{s.gbps:.3g}' for s in each)} Gbit/s bus"
+        for rate, each in sweeps.items()
+    )
+    print("shaped sweeps fitted (before, after the windows): " + "; ".join(fitted))
 
 
 def _stop(signum: int, _frame: object) -> NoReturn:
@@ -263,7 +274,8 @@ def main() -> None:
     started = time.monotonic()
     raw: dict[str, Any] = {"command": " ".join(sys.argv), "rounds": args.rounds, "rates": {}}
     rows: list[Row] = []
-    checks, sweeps = {}, {}
+    checks: dict[str, dict[str, dict[str, Counts]]] = {}
+    sweeps: dict[str, list[LinkMeasure]] = {}
     try:
         with link_namespace() as namespace, tempfile.TemporaryDirectory(prefix="autotune-link-") as tmp:  # fmt: skip
             for index, rate in enumerate(args.rates):
@@ -278,7 +290,7 @@ def main() -> None:
                     args.out.write_text(json.dumps(raw), encoding="utf-8")
                 rows += rows_of(rate, results)
                 checks[rate] = collectives_check(results)
-                sweeps[rate] = LinkMeasure.model_validate(results["sweep_shaped"])
+                sweeps[rate] = shaped_sweeps(results)
                 print_rate(rate, results, [r for r in rows if r.rate == rate])
                 sys.stdout.flush()
     except LinkJobError as error:

@@ -21,9 +21,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.records import LinkMeasure
+
 TESTS = Path(__file__).resolve().parent
 RDZV_PORT = 29517
 IP_TIMEOUT_S = 10
+
+
+def shaped_sweeps(results: Mapping[str, Any]) -> list[LinkMeasure]:
+    """The job's sweeps of the shaped link, before and after its windows (a file from before
+    the second was taken has one): a prediction is the mean of the two, each a few seconds
+    of a host whose load moves the fitted bandwidth by several percent."""
+    keys = ("sweep_shaped", "sweep_shaped_after")
+    return [LinkMeasure.model_validate(results[key]) for key in keys if key in results]
 
 
 class LinkJobError(RuntimeError):
@@ -105,7 +115,7 @@ def run_job(
                "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={namespace}-{port}",
                "--max-restarts=0", "--local-addr=127.0.0.1", "--rdzv-conf=join_timeout=60",
-               str(TESTS / "_link_rank.py"), str(out), rate,
+               f"--log-dir={out.parent / 'torchrun'}", str(TESTS / "_link_rank.py"), str(out), rate,
                *([] if rounds is None else [f"--rounds={rounds}"]),
                *([] if sweep_tries == 1 else [f"--sweep-tries={sweep_tries}"]),
                *(f"{name}={knobs}" for name, knobs in plans.items())]  # fmt: skip

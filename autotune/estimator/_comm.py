@@ -1,5 +1,6 @@
 """Communication time of a plan: the collectives each engine issues per optimizer step, timed
-on a link of latency and bus bandwidth (measured by a sweep, or given). Pure: no torch.
+on a link: a sweep's measured points (a fitted latency and bus bandwidth outside them), or a
+given bandwidth. Pure: no torch.
 
 The schedules are DeepSpeed 0.19's and FSDP2's, read from their source and counted by wrapping
 ``torch.distributed`` in a 2-rank run (``tests/runtime/test_shaped_link.py``):
@@ -57,17 +58,42 @@ class Calls:
 
 @dataclass(frozen=True)
 class Link:
-    """A link's latency per call and bus bandwidth, where the figures came from, and each
-    collective's own ``(latency_s, bytes_per_s)`` where measured (the rest take the pair)."""
+    """A link's latency per call and bus bandwidth, where the figures came from, each
+    collective's own ``(latency_s, bytes_per_s)`` where measured (the rest take the pair), and
+    each collective's swept ``(bytes, seconds)`` points by size, where swept."""
 
     latency_s: float
     bytes_per_s: float
     source: str
     by_collective: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    points: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def speed(self, collective: Collective) -> tuple[float, float]:
         """``(latency_s, bytes_per_s)`` of one collective on this link."""
         return self.by_collective.get(collective, (self.latency_s, self.bytes_per_s))
+
+    def call_seconds(self, collective: Collective, nbytes: float, world_size: int) -> float:
+        """Seconds of one call on a full tensor of ``nbytes``. Inside the swept sizes: the
+        time between the two points around it; above them: the largest point's plus the top two
+        points' seconds per byte; below them, or not swept: latency plus bus bytes over bandwidth.
+
+        The fit weighs every size alike, so where small messages pass faster than the link's
+        rate (a switch's buffer, tc's burst) it overstates the bandwidth large ones get: on a
+        1 Gbit/s tbf link, the fit said 0.68 Gbit/s and the 1 and 4 MiB all-reduces ran at 0.50.
+        """
+        latency, bandwidth = self.speed(collective)
+        fitted = latency + nbytes * bus_share(collective, world_size) / bandwidth
+        swept = self.points.get(collective, ())
+        if len(swept) < 2 or nbytes < swept[0][0]:
+            return fitted
+        for (low, before), (high, after) in zip(swept, swept[1:], strict=False):
+            if nbytes <= high:
+                return before + (after - before) * (nbytes - low) / (high - low)
+        (low, before), (high, after) = swept[-2:]
+        per_byte = (after - before) / (high - low)
+        if per_byte <= 0:  # noise: the top two points do not grow
+            per_byte = bus_share(collective, world_size) / bandwidth
+        return after + (nbytes - high) * per_byte
 
 
 def bus_share(collective: Collective, world_size: int) -> float:
@@ -151,13 +177,14 @@ def bus_bytes(calls: Sequence[Calls], world_size: int, bytes_per_element: float)
 def collective_seconds(
     calls: Sequence[Calls], world_size: int, bytes_per_element: float, link: Link
 ) -> float:
-    """Seconds the calls take on ``link``: per collective, latency per call plus bus bytes
-    over bandwidth."""
+    """Seconds the calls take on ``link``: each call's (:meth:`Link.call_seconds`, its full
+    tensor an equal share of its collective's elements) times the count."""
     total = 0.0
     for c in calls:
         if c.elements > 0:
-            latency, bandwidth = link.speed(c.collective)
-            total += c.count * latency + bus_bytes([c], world_size, bytes_per_element) / bandwidth
+            count = max(1, c.count)
+            nbytes = c.elements * bytes_per_element / count
+            total += count * link.call_seconds(c.collective, nbytes, world_size)
     return total
 
 
@@ -179,10 +206,22 @@ def plan_link(machine: Machine, plan: Plan) -> Link | None:
                 name: (f.latency_s, f.bandwidth_bytes_per_s)
                 for name, f in measured.collectives.items()
             },  # fmt: skip
+            points=swept_points(measured),
             source=f"measured link sweep ({measured.world_size} ranks, {measured.backend}: "
             f"{measured.latency_s * 1e6:.0f} us + {measured.gbps:.3g} Gbit/s bus)",
         )
     return None
+
+
+def swept_points(measured: LinkMeasure) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Each collective's ``(bytes, seconds)`` points of a sweep, by size; none for a collective
+    without a fit of its own (its points do not grow with size: noise, timed on the whole fit)
+    or with fewer than two sizes."""
+    by: dict[str, dict[float, float]] = {}
+    for p in measured.points:
+        if p.collective in measured.collectives:
+            by.setdefault(p.collective, {})[float(p.nbytes)] = p.seconds
+    return {c: tuple(sorted(sizes.items())) for c, sizes in by.items() if len(sizes) >= 2}
 
 
 def fit_link(points: Sequence[LinkPoint], world_size: int) -> tuple[float, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.estimator import (
+    Calls,
     Link,
     bus_bytes,
     collective_seconds,
@@ -119,6 +120,36 @@ def test_a_collective_whose_noisy_points_shrink_with_size_is_timed_on_the_whole_
     assert measure.collectives["all_reduce"].bandwidth_bytes_per_s == pytest.approx(6e7)
     # the all-gather is timed on the fit of every point, which still grows with size
     assert measure.bandwidth_bytes_per_s > 0
+
+
+def test_a_call_inside_the_swept_sizes_takes_the_measured_time_not_the_fit() -> None:
+    # the CI shaped-link job's all-reduce points on a 1 Gbit/s tbf link: 64 KiB passes inside
+    # tc's 128 kb burst, faster than the rate; the fit weighs it as much as 4 MiB
+    times = {2**16: 0.55e-3, 2**18: 3.97e-3, 2**20: 16.86e-3, 2**22: 66.98e-3}
+    points = [LinkPoint(collective="all_reduce", nbytes=n, seconds=t, low=t, high=t, repeats=5)
+              for n, t in times.items()]  # fmt: skip
+    measure = link_measure(points, 2, "gloo")
+    plan = parse_plan("stage=0,nproc_per_node=1,nnodes=2")
+    link = plan_link(Machine(link=measure), plan)
+    assert link is not None
+
+    def one_call(nbytes: int) -> float:
+        return collective_seconds([Calls("all_reduce", nbytes / 4, 1)], 2, 4, link)
+
+    assert one_call(2**22) == pytest.approx(66.98e-3)
+    assert one_call(2**21) == pytest.approx(16.86e-3 + (66.98e-3 - 16.86e-3) / 3)
+    top = (66.98e-3 - 16.86e-3) / (2**22 - 2**20)  # seconds per byte between the top two
+    assert one_call(2**24) == pytest.approx(66.98e-3 + top * (2**24 - 2**22))
+    # two calls of half the elements each: the count times each call's time
+    assert collective_seconds([Calls("all_reduce", 2**22 / 4, 2)], 2, 4, link) == pytest.approx(
+        2 * 16.86e-3 + 2 * (66.98e-3 - 16.86e-3) / 3
+    )
+    # the fit alone says 0.68 Gbit/s, a quarter under what 4 MiB took
+    fitted = Link(measure.latency_s, measure.bandwidth_bytes_per_s, "fit")
+    assert collective_seconds([Calls("all_reduce", 2**22 / 4, 1)], 2, 4, fitted) < 0.8 * 66.98e-3
+    # below the smallest size: the fit
+    latency, bandwidth = link.speed("all_reduce")
+    assert one_call(2**12) == pytest.approx(latency + 2**12 / bandwidth)
 
 
 def test_a_sweep_that_cannot_be_fitted_leaves_the_trial_without_a_link(
