@@ -211,8 +211,8 @@ class StepTime(_Record):
         None,
         gt=0,
         description="measured: the model's forward and backward of one micro-batch in bf16 "
-        "autocast over fp32 (the profile's own precision from its timed steps, the other the "
-        "faster of two after a warm-up); <1: bf16 is faster; None: not measured (see "
+        "autocast over fp32, the median over up to three timed steps each paired with a pass at "
+        "the other precision run right after it; <1: bf16 is faster; None: not measured (see "
         "environment.unavailable)",
     )
 

@@ -176,8 +176,10 @@ def profile_and_time(
         try:
             if checkpointing:
                 _checkpoint_all(runner)
-            timings = _timed_steps(runner, steps, warmup, report)
-            bf16_over_fp32, bf16_reason = _bf16_over_fp32(runner, timings.summary(), report)
+            counterpart = _Counterpart(runner, steps)
+            timings = _timed_steps(runner, steps, warmup, report, between=counterpart.run)
+            own = timings.summary()
+            bf16_over_fp32, bf16_reason = counterpart.ratio(own.forward + own.backward)
             memory, samples_seen = _measure_memory(runner, report)
             compute = _measure_compute(runner, checkpointing)
         except (torch.OutOfMemoryError, MemoryError) as exc:
@@ -273,16 +275,27 @@ class _Timings:
         )
 
 
-def _timed_steps(runner: TrainRunner, steps: int, warmup: int, report: Progress) -> _Timings:
+def _timed_steps(
+    runner: TrainRunner, steps: int, warmup: int, report: Progress,
+    between: Callable[[StepTiming | None], None] | None = None,
+) -> _Timings:  # fmt: skip
+    """``warmup`` steps, then ``steps`` timed ones; ``between`` (where given) runs after the
+    warm-up (with its last step, ``None`` where none ran) and after each timed step (with it),
+    outside the steps' own timings."""
+    last: StepTiming | None = None
     for index in range(warmup):
         report("warm-up", index, warmup)
-        runner.step()
+        last = runner.step()
     report("warm-up", warmup, warmup)
+    if between is not None:
+        between(last)
     measured: list[StepTiming] = []
     with dev.NvmlSampler(runner.device) as sampler:
         for index in range(steps):
             report("timed steps", index, steps)
             measured.append(runner.step())
+            if between is not None:
+                between(measured[-1])
     report("timed steps", steps, steps)
     timings = _Timings(measured)
     timings.nvml, timings.nvml_reason = sampler.result(), sampler.reason
@@ -293,40 +306,85 @@ _COUNTERPART: dict[str, StepPrecision] = {"fp32": "bf16", "bf16": "fp32"}
 SLOW_COUNTERPART = 4.0
 """A counterpart's first forward and backward over this many times the profile's own is kept as
 it is (bf16 on a CPU without bf16 units): no more are paid for."""
+COUNTERPART_PAIRS = 3
+"""Timed steps paired with a counterpart pass, spread over the timed steps (fewer where fewer
+steps are timed)."""
 
 
-def _bf16_over_fp32(
-    runner: TrainRunner, own: StepTime, report: Progress
-) -> tuple[float | None, str | None]:
-    """The model's forward and backward in bf16 autocast over fp32, measured: one micro-batch at
-    the profile's counterpart precision (bf16 autocast for an fp32 profile, fp32 for a bf16 one),
-    the faster of two after one warm-up, against the timed steps' median forward and backward. What a plan
-    at the other precision scales its compute by; ``(None, why)`` where it cannot be measured."""
-    other = _COUNTERPART.get(runner.precision)
-    compute = own.forward + own.backward
-    if other is None or compute <= 0:
-        return None, f"no bf16 / fp32 counterpart of a {runner.precision} profile"
-    if runner.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return None, "the GPU has no bf16"
-    report("bf16 / fp32 compute", 0, 1)
-    batch, own_precision = runner.next_batch(), runner.precision
-    seconds: list[float] = []
-    runner.precision = other
-    try:
-        while len(seconds) < 3 and (not seconds or seconds[0] < SLOW_COUNTERPART * compute):
+class _Counterpart:
+    """The model's forward and backward in bf16 autocast over fp32, measured in pairs: after
+    timed step of :data:`COUNTERPART_PAIRS` spread over the ``steps``, one micro-batch at the
+    profile's counterpart precision (bf16 autocast for an fp32 profile, fp32 for a bf16 one),
+    set against that step's own forward and backward. Each pair runs seconds apart, so a slow
+    phase of the host hits both of its halves; the ratio is the median over the pairs. The
+    first pass, after the warm-up, is a warm-up too. What a plan at the other precision scales
+    its compute by."""
+
+    def __init__(self, runner: TrainRunner, steps: int) -> None:
+        self.runner = runner
+        self.stride = max(1, -(-steps // COUNTERPART_PAIRS))  # every stride-th timed step
+        self.seen = 0  # timed steps so far
+        self.other = _COUNTERPART.get(runner.precision)
+        self.pairs: list[tuple[float, float]] = []  # (counterpart's seconds, the step's own)
+        self.warm: tuple[float, float | None] | None = None  # the warm-up pass's, the same
+        self.reason: str | None = None
+        if self.other is None:
+            self.reason = f"no bf16 / fp32 counterpart of a {runner.precision} profile"
+        elif runner.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            self.reason = "the GPU has no bf16"
+
+    def run(self, step: StepTiming | None) -> None:
+        """One counterpart pass after ``step`` (``None``: after a warm-up of no steps) where it
+        is the warm-up's or a paired timed step's."""
+        if self.warm is not None:
+            self.seen += 1
+            if (self.seen - 1) % self.stride:
+                return
+        if self.reason is not None or self._slow():
+            return
+        seconds = self._pass()
+        if seconds is None:
+            return
+        own = step.forward + step.backward if step is not None else None
+        if self.warm is None:
+            self.warm = seconds, own
+        elif own:
+            self.pairs.append((seconds, own))
+
+    def _slow(self) -> bool:
+        """Whether the warm-up pass took over :data:`SLOW_COUNTERPART` times its step's own."""
+        return bool(self.warm and self.warm[1] and self.warm[0] >= SLOW_COUNTERPART * self.warm[1])
+
+    def _pass(self) -> float | None:
+        runner, own_precision = self.runner, self.runner.precision
+        batch = runner.next_batch()
+        runner.precision = self.other  # type: ignore[assignment]  # set where not None
+        try:
             dev.synchronize(runner.device)
             start = time.perf_counter()
             runner.backward(runner.forward(batch))
             dev.synchronize(runner.device)
-            seconds.append(time.perf_counter() - start)
-    except (RuntimeError, AutotuneError) as exc:  # out of memory, or a model that refuses it
-        return None, f"the {other} forward and backward failed: {type(exc).__name__}"
-    finally:
-        runner.precision = own_precision
-        runner.optimizer.zero_grad(set_to_none=True)
-    report("bf16 / fp32 compute", 1, 1)
-    ratio = min(seconds[1:] or seconds) / compute
-    return (ratio if other == "bf16" else 1.0 / ratio), None
+            return time.perf_counter() - start
+        except (RuntimeError, AutotuneError) as exc:  # out of memory, or a model that refuses it
+            self.reason = f"the {self.other} forward and backward failed: {type(exc).__name__}"
+            return None
+        finally:
+            runner.precision = own_precision
+            runner.optimizer.zero_grad(set_to_none=True)
+
+    def ratio(self, compute: float) -> tuple[float | None, str | None]:
+        """bf16 over fp32: the median of the pairs' ratios, or where the counterpart was too
+        slow to pay for more, its warm-up pass over ``compute`` (the timed steps' median forward
+        and backward); ``(None, why)`` where nothing was measured."""
+        if self.reason is not None:
+            return None, self.reason
+        if self.pairs:
+            ratio = statistics.median(seconds / own for seconds, own in self.pairs)
+        elif self.warm is not None and compute > 0:
+            ratio = self.warm[0] / compute
+        else:
+            return None, "no timed forward and backward to set the counterpart against"
+        return (ratio if self.other == "bf16" else 1.0 / ratio), None
 
 
 @dataclass(frozen=True)

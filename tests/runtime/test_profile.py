@@ -307,6 +307,42 @@ def test_profile_measures_the_models_own_bf16_over_fp32_compute(
     assert "time.bf16_over_fp32" not in record.environment.unavailable
 
 
+def test_the_bf16_probe_holds_when_the_host_slows_down_mid_profile(tmp_path: Path) -> None:
+    # the host's slow phase begins after the first timed step (every sleep 3x longer from the
+    # model's 4th forward on): pairing each timed step with a bf16 pass run right after it keeps
+    # the ratio at 1/4. Probing after all the timed steps, as before, measured 3/4.
+    slowing = SLEEPY.replace(
+        '        time.sleep(BF16_S if torch.is_autocast_enabled("cpu") else FP32_S)',
+        "        Sleepy.calls += 1\n"
+        "        phase = 3 if Sleepy.calls > 3 else 1\n"
+        '        time.sleep(phase * (BF16_S if torch.is_autocast_enabled("cpu") else FP32_S))',
+    ).replace("    def __init__(self):", "    calls = 0\n\n    def __init__(self):")
+    assert slowing.count("Sleepy.calls") == 2
+    path = tmp_path / "slowing.py"
+    path.write_text(slowing)
+    record = profile(path, batch_size=2, steps=3, warmup=1, device="cpu")
+    assert record.time.bf16_over_fp32 == pytest.approx(0.25, rel=0.3)
+
+
+def test_the_bf16_probe_pairs_three_timed_steps_whatever_the_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 12 timed steps: a bf16 pass after the warm-up and after 3 of them, not after all 12
+    counted = SLEEPY.replace(
+        '        time.sleep(BF16_S if torch.is_autocast_enabled("cpu") else FP32_S)',
+        '        if torch.is_autocast_enabled("cpu"):\n'
+        '            with open(os.environ["BF16_CALLS"], "a") as calls:\n'
+        '                calls.write("1")\n'
+        '        time.sleep(BF16_S if torch.is_autocast_enabled("cpu") else FP32_S)',
+    ).replace("import time\n", "import os\nimport time\n")
+    path, calls = tmp_path / "counted.py", tmp_path / "calls"
+    path.write_text(counted)
+    monkeypatch.setenv("BF16_CALLS", str(calls))
+    record = profile(path, batch_size=2, steps=12, warmup=1, device="cpu")
+    assert record.time.bf16_over_fp32 is not None
+    assert len(calls.read_text()) == 1 + 3
+
+
 def test_fp16_profile_says_why_it_has_no_bf16_probe(tmp_path: Path) -> None:
     path = tmp_path / "sleepy.py"
     path.write_text(SLEEPY)
