@@ -70,12 +70,13 @@ class MemoryEstimate(_Record):
     peak_composition: str
 
 
-STEP_SECONDS_BAND = (0.86, 1.28)
+STEP_SECONDS_BAND = (0.87, 1.23)
 """Measured over predicted seconds per step, 10th and 90th percentiles, over bench/step_time.py's
 32 GPT-2 small (124M) plans on 2 ranks (ZeRO-0/2/3 and FSDP2 x fp32/bf16 x no/all blocks
 checkpointed x accumulation 1/4, one profile at micro-batch 1, the median of two interleaved
-measured rounds each, so the machine's noise is in it; one round gave 0.87 and 1.24): the
-interval stated beside every predicted step time. In-sample at that model; bench/step_time.py
+measured rounds each, so the machine's noise is in it; with collectives timed on the fit of the
+link's sweep rather than its points, 0.86 and 1.28): the interval stated beside every predicted
+step time. In-sample at that model; bench/step_time.py
 prints how many plans of each model fall inside (a small model's engine overheads per
 micro-batch, unmodelled, put its plans above)."""
 
