@@ -57,8 +57,8 @@ class TrialSettings(_Record):
     measure_peak: bool = Field(
         default=True,
         description="run the untimed step(s) after the timed ones that measure each rank's peak "
-        "(False: a re-run of a plan whose peak an earlier run measured; a GPU's allocator peak "
-        "of the timed steps is still read)",
+        "on a CPU (False: a re-run of a plan whose peak an earlier run measured); on a GPU the "
+        "allocator's peak of the timed steps is read and no step more is run",
     )
     sweep_link: bool = Field(
         default=True,
@@ -112,7 +112,7 @@ class TrialResult(_Record):
     live_tensor_bytes: list[int] = Field(
         default_factory=list,
         description="one per rank: the peak of one extra, untimed step by peak_source's CPU "
-        "measure (empty: not measured)",
+        "measure (empty: not measured, as on a GPU, whose allocator gives the peak)",
     )
     rss_delta_bytes: list[int] = Field(
         default_factory=list,

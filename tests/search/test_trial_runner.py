@@ -170,13 +170,23 @@ COUNTING = MODEL + textwrap.dedent(
 )
 
 
+STUBBED_GPU = COUNTING + textwrap.dedent(
+    """
+    # a GPU's allocator, stubbed on this CPU: the trial reads this peak of its timed steps
+    from autotune.runtime.trial import deepspeed_engine
+    deepspeed_engine.cuda_peak = lambda device: 123_456_789
+    """
+)
+
+
 @pytest.mark.slow
 def test_one_rank_zero2_trial_peak_matches_the_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The peak of the untimed step after the timed ones matches the estimate; a re-run that
     needs no peak (``measure_peak`` off) runs exactly the warm-up and the timed steps (the
-    model's own loss calls counted) and reports none."""
+    model's own loss calls counted) and reports none; so does a run whose device's allocator
+    (a GPU's, stubbed) gives the peak."""
     from autotune.estimator import estimate_plan, facts_from_profile
     from autotune.runtime.profiler import profile
 
@@ -205,6 +215,17 @@ def test_one_rank_zero2_trial_peak_matches_the_estimate(
     again = runner.run(plan, _settings(str(model), timeout_s=300, measure_peak=False)).result
     assert again is not None and again.samples_per_s is not None and again.completed_steps == 3
     assert again.peak_memory_bytes == [] and again.peak is None and again.peak_source is None
+    assert len(log.read_text().splitlines()) == 3 * 2
+    # where the device's allocator gives the timed steps' peak, no step more is run for it
+    log.unlink()
+    gpu = tmp_path / "stubbed_gpu.py"
+    gpu.write_text(STUBBED_GPU)
+    stubbed = runner.run(plan, _settings(str(gpu), timeout_s=300)).result
+    assert stubbed is not None and stubbed.samples_per_s is not None
+    assert stubbed.peak_source == "cuda_max_allocated" and stubbed.peak_memory_bytes == [
+        123_456_789
+    ]
+    assert stubbed.live_tensor_bytes == []
     assert len(log.read_text().splitlines()) == 3 * 2
 
 

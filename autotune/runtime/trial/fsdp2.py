@@ -104,7 +104,8 @@ def fsdp2_trial(
 
     ``steps`` is the trial worker's step loop (warm-up, timed steps, progress);
     ``live_peak(device, step)`` is its live-tensor measure of one more, untimed step (``None``:
-    not measured, the spec's ``measure_peak`` off).
+    not measured, the spec's ``measure_peak`` off), taken only where no GPU allocator gave the
+    timed steps' peak.
     Returns the trial worker's info dict (``engine: fsdp2``).
     """
     from autotune.runtime import _device as dev
@@ -142,6 +143,6 @@ def fsdp2_trial(
     steps.run(step)
     peaks = dev.allocator_peak(device)
     cuda = None if peaks is None else peaks[0]
-    live = live_peak(device, step)
+    live = live_peak(device, step) if cuda is None else None  # a GPU's allocator gave it
     return {"split": None, "tokens": model_file.tokens_per_sample(last[0]), "device": device,
             "engine": "fsdp2", "live": live, "cuda": cuda}  # fmt: skip

@@ -48,9 +48,9 @@ def _torch_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
         live: int | None = None
         source = "cpu_live_tensors"
         try:
-            if spec.settings.measure_peak:
+            if spec.settings.measure_peak and cuda is None:
                 # The profile's own tracked step and measure (on CPU, c10's allocator over a
-                # plain step).
+                # plain step); a GPU's allocator gave the timed steps' peak already.
                 tracked = tracked_step(runner).peak
                 live, source = tracked.peak, tracked.source
         except Exception as exc:  # e.g. a compiled model the dispatch mode cannot follow
