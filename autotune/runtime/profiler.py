@@ -313,7 +313,7 @@ steps are timed)."""
 
 class _Counterpart:
     """The model's forward and backward in bf16 autocast over fp32, measured in pairs: after
-    timed step of :data:`COUNTERPART_PAIRS` spread over the ``steps``, one micro-batch at the
+    each of :data:`COUNTERPART_PAIRS` timed steps spread over the ``steps``, one micro-batch at the
     profile's counterpart precision (bf16 autocast for an fp32 profile, fp32 for a bf16 one),
     set against that step's own forward and backward. Each pair runs seconds apart, so a slow
     phase of the host hits both of its halves; the ratio is the median over the pairs. The
