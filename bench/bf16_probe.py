@@ -87,6 +87,8 @@ def main() -> None:
           f"{args.per_rank}, each in a fresh process", flush=True)  # fmt: skip
     ratios = []
     for index in range(args.repeats):
+        print(f"waiting for profile {index + 1} of {args.repeats} (deadline {DEADLINE_S} s)",
+              file=sys.stderr, flush=True)  # fmt: skip
         one = profile_once(args.model, args.per_rank)
         ratios.append(one["ratio"])
         print(f"  {index + 1}: bf16_over_fp32 {one['ratio']:.3f}, fp32 forward+backward "
