@@ -106,7 +106,10 @@ def test_a_script_raising_at_step_3_is_a_crash_with_its_line_and_the_study_goes_
 
 
 def _trains(command: list[str], tmp_path: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the user's own command, run as written: torchrun's log folder goes to the test's TMPDIR
+    scratch = tmp_path / "system-tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
                           check=False, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
