@@ -76,9 +76,8 @@ STEP_SECONDS_BAND = (0.87, 1.23)
 checkpointed x accumulation 1/4, one profile at micro-batch 1, the median of two interleaved
 measured rounds each, so the machine's noise is in it; with collectives timed on the fit of the
 link's sweep rather than its points, 0.86 and 1.28): the interval stated beside every predicted
-step time. In-sample at that model; bench/step_time.py
-prints how many plans of each model fall inside (a small model's engine overheads per
-micro-batch, unmodelled, put its plans above)."""
+step time. In-sample at that model; bench/step_time.py prints how many plans of each model fall
+inside (a small model's engine overheads per micro-batch, unmodelled, put its plans above)."""
 
 
 def step_seconds_interval(seconds: float | None) -> tuple[float, float] | None:
