@@ -79,6 +79,16 @@ def unchanged_model(plan: Plan) -> Plan | None:
     return plan.with_changes(attention="default", compile=False)
 
 
+def code_pair(records: list[TrialRecord]) -> tuple[TrialRecord, TrialRecord] | None:
+    """The policy's plan and its twin with the model's code unchanged (queued for it, or the
+    baseline where that is the twin), both measured (``None``: either not yet, or not ok)."""
+    measured = [r for r in records if r.outcome == "ok" and r.samples_per_s]
+    changed = next((r for r in measured if r.role == "policy"), None)
+    twin = unchanged_model(changed.plan) if changed is not None else None
+    same = [r for r in measured if r.plan == twin and r.role in ("unchanged", "baseline")]
+    return (changed, same[0]) if changed is not None and same else None
+
+
 def _code_changes(plan: Plan) -> int:
     """How many of the model's code knobs ``plan`` turns (attention kernel, compile)."""
     return (plan.attention != "default") + plan.compile
@@ -87,13 +97,17 @@ def _code_changes(plan: Plan) -> int:
 def _unchanged_entry(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialRecord],
                      chosen: list[tuple[str, TrialRecord]]) -> tuple[str, TrialRecord] | None:  # fmt: skip
     """The search's best without its code changes, as the search measured it or run once now
-    (``None``: the best changes no code, the twin is listed already, or its run failed)."""
+    (``None``: the best changes no code, the twin is listed already, or its run failed). The
+    search that measured the code changes on the policy's plan and kept them (they paid there:
+    :func:`code_pair`) runs no twin here."""
     twin = unchanged_model(ranked[0].plan)
     if twin is None or any(record.plan == twin for _, record in chosen):
         return None
     measured = next((record for record in ranked if record.plan == twin), None)
     if measured is not None:
         return UNCHANGED, measured
+    if code_pair(ranked) is not None:
+        return None
     result, seconds = _measured_run(runner, settings, twin)
     if result is None:
         return None

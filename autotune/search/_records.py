@@ -20,7 +20,9 @@ SCHEMA_VERSION = 1
 
 Outcome = Literal["ok", "oom", "timeout", "crash"]
 TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
-Role = Literal["policy", "baseline", "predicted", "neighbour", "search"]
+Role = Literal["policy", "unchanged", "baseline", "predicted", "neighbour", "search"]
+"""Why a trial was queued; ``unchanged``: the policy's plan with the model's code as written
+(no fused attention or compile), measured beside it to decide those changes for the search."""
 
 
 class RunReport(_Record):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.records import (
@@ -18,7 +18,13 @@ from autotune.records import (
     sigterm_unwinds,
 )
 from autotune.search import _shared, _study
-from autotune.search._compare import recommendation
+from autotune.search._compare import (
+    code_pair,
+    overlap,
+    recommendation,
+    search_interval,
+    unchanged_model,
+)
 from autotune.search._final import final_comparison
 from autotune.search._knobs import leaner_plan, unpaid_knob
 from autotune.search._outcome import classify_outcome, outcome_reason
@@ -88,6 +94,8 @@ class _Search:
         self.study, self.space, self.runner = study, space, runner
         self.settings, self.predict, self.relink = settings, predict, relink
         self.link: LinkMeasure | None = None
+        self.code_decided = False
+        self.code_dropped = False
         self._predictions: dict[Plan, Prediction] = {}
 
     def learn_link(self, records: list[TrialRecord], notes: list[str]) -> None:
@@ -106,6 +114,42 @@ class _Search:
             f"{swept.link.latency_s * 1e6:.0f} us + {swept.link.gbps:.3g} Gbit/s bus "
             f"({swept.link.backend}); the predictions after it time communication on it"
         )
+
+    def learn_code(self, records: list[TrialRecord], notes: list[str]) -> None:
+        """Once the policy's plan and its twin with the model's code unchanged have both been
+        measured, the search keeps the policy's code changes (fused attention, compile) only
+        where they paid there: where the twin ran faster, or the two cannot be told apart, every
+        plan from then on runs the code as written (the leaner plan, as the final comparison
+        prefers it), the queued ones included."""
+        if self.code_decided:
+            return
+        pair = code_pair(records)
+        if pair is None:
+            return
+        self.code_decided = True
+        changed, unchanged = pair
+        faster = (unchanged.samples_per_s or 0.0) > (changed.samples_per_s or 0.0)
+        tied = overlap(search_interval(changed), search_interval(unchanged))
+        verdict = "faster" if faster else "not told apart" if tied else "slower"
+        shown = (f"trial {unchanged.number}, the policy's plan with the model's code unchanged, "
+                 f"ran {unchanged.samples_per_s:.3g} samples/s against {changed.samples_per_s:.3g} "
+                 f"(trial {changed.number}): {verdict}")  # fmt: skip
+        if not (faster or tied):
+            notes.append(f"{shown}; the policy's code changes are kept for every plan")
+            return
+        self.code_dropped = True
+        self.space = replace(self.space, base=unchanged_model(self.space.base) or self.space.base)
+        self._predictions.clear()
+        notes.append(f"{shown}; every plan from then on runs the model's code as written")
+
+    def _as_decided(self, trial: Any, plan: Plan, role: str) -> Plan:
+        """``plan`` without the policy's code changes once the search has dropped them (the
+        policy's plan and its twin, queued to decide it, as they are)."""
+        twin = unchanged_model(plan)
+        if not self.code_dropped or twin is None or role in ("policy", "unchanged"):
+            return plan
+        trial.set_user_attr("plan", twin.model_dump(mode="json"))
+        return twin
 
     def prediction(self, plan: Plan) -> Prediction | None:
         """The estimate of ``plan`` (``None`` without one); each plan is predicted once."""
@@ -186,7 +230,7 @@ class _Search:
         trial, plan, role = _study.ask(self.study, self.space)
         try:
             with _shared.Heartbeat(self.study, trial):
-                return self._decide(trial, plan, role)
+                return self._decide(trial, self._as_decided(trial, plan, role), role)
         except BaseException as exc:  # SIGINT, SIGTERM (Terminated), a lost storage, a bug
             with contextlib.suppress(Exception):
                 _study.give_back(self.study, trial, _why_stopped(exc))
@@ -202,7 +246,7 @@ class _Search:
         reason = self._skip_reason(plan, others, trial.number, prediction)
         if reason is None and role != "baseline":  # the user's plan is measured as it is
             reason = self._unpaid_reason(plan, role, others)
-        if reason is None and role not in ("policy", "baseline", "neighbour"):
+        if reason is None and role not in ("policy", "unchanged", "baseline", "neighbour"):
             reason = slower_than_best(prediction, others)
         fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
         if prediction is not None:
@@ -382,7 +426,9 @@ def trial_settings(model_file: str, options: TuneOptions, machine: Machine,
 
 def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
            base_plan: Plan, notes: list[str], predict: Predict | None, front: int) -> float:  # fmt: skip
-    """Queue the policy's plan, the baseline and the predicted front; pay launcher start-up once.
+    """Queue the policy's plan, its twin with the model's code unchanged (where the policy
+    changes it: :meth:`_Search.learn_code`), the baseline and the predicted front; pay
+    launcher start-up once.
 
     Returns:
         The seconds the launcher's start-up took (0 where it had nothing to start).
@@ -395,6 +441,9 @@ def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialS
         _study.enqueue(study, space, base_plan, "baseline")
     else:
         _study.enqueue(study, space, policy_plan, "policy")
+        unchanged = unchanged_model(policy_plan)
+        if unchanged is not None and unchanged != base_plan:
+            _study.enqueue(study, space, unchanged, "unchanged")
         _study.enqueue(study, space, base_plan, "baseline")
         notes.extend(_policy_note(policy_plan, base_plan, predict))
     if predict is not None:
@@ -443,6 +492,7 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
             return
         existing = _study.records(search.study)
         search.learn_link(existing, notes)
+        search.learn_code(existing, notes)
         if search.queue_neighbours(existing, notes):
             existing = _study.records(search.study)
         if not search.worth_running(existing):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _search import run_tune
 
 from autotune.records import LinkMeasure, Plan
@@ -378,3 +379,49 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
     assert any(f"swept after trial {first.number}" in note for note in record.notes)
     # one sweep is used, so the trials after it and the comparison's runs sweep none
     assert sweeps[0] and not any(sweeps[1:]) and len(sweeps) > 1
+
+
+def _attention_runner(sdpa_speedup: float) -> FakeRunner:
+    """``behaviour``'s speeds, times ``sdpa_speedup`` for a plan with fused attention; a step
+    time with a 2 % interval, so the two kernels separate unless they run within it."""
+
+    def run(plan: Plan, settings: TrialSettings) -> TrialResult:
+        speed = (10.0 + plan.micro_batch) * (sdpa_speedup if plan.attention == "sdpa" else 1.0)
+        return TrialResult(completed_steps=4, samples_per_s=speed, step_time=16 / speed,
+                           step_interval=(16 / speed * 0.99, 16 / speed * 1.01),
+                           peak_memory_bytes=[peak(plan)], peak_source="fake",
+                           device_memory=settings.device_memory)  # fmt: skip
+
+    return FakeRunner(run)
+
+
+@pytest.mark.parametrize("sdpa_speedup", [0.8, 1.25])
+def test_the_policys_code_change_is_decided_on_its_own_plan_then_held(
+    tmp_path: Path, sdpa_speedup: float
+) -> None:
+    """The policy's fused attention is measured against the model as written on the policy's
+    own plan, second in the queue. Where it is slower (as on a CPU at 124M), every later trial
+    runs the code as written and the final comparison runs no twin; where it pays, every trial
+    keeps it, and the comparison runs no twin either: the search measured it."""
+    runner = _attention_runner(sdpa_speedup)
+    policy = Plan(micro_batch=4, grad_accum=4, attention="sdpa")
+    record = run_tune(
+        "model.py", global_batch=16, settings=settings(tmp_path), runner=runner, blocks=2,
+        policy=policy, baseline=Plan(micro_batch=16), predict=predict, trials=5,
+        storage=str(tmp_path / "s.db"), repeats=2,
+    )  # fmt: skip
+    first, second = record.trials[:2]
+    assert (first.role, first.plan) == ("policy", policy)
+    assert (second.role, second.plan) == ("unchanged", policy.with_changes(attention="default"))
+    pays = sdpa_speedup > 1
+    later = [t for t in record.trials[2:] if t.outcome is not None]
+    assert later and all(t.plan.attention == ("sdpa" if pays else "default") for t in later)
+    searched = len([t for t in record.trials if t.outcome is not None])
+    assert record.comparison is not None and record.comparison.labels[0] == "search best"
+    assert "search best, model code unchanged" not in record.comparison.labels
+    # Every run past the search's is a re-run of a plan the search measured.
+    assert {p for p in runner.plans[searched:]} <= {t.plan for t in record.trials}
+    rec = record.recommendation
+    assert rec is not None and rec.plan.attention == ("sdpa" if pays else "default")
+    said = "kept for every plan" if pays else "runs the model's code as written"
+    assert any(said in note for note in record.notes), record.notes
