@@ -506,7 +506,7 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
         if progress is not None:
             all_records = _study.records(search.study)
             ranked = best_records(all_records)
-            count = sum(1 for r in all_records if r.outcome is not None)
+            count = sum(1 for r in all_records if r.outcome is not None and r.role != "unchanged")
             left = None if budget_s is None else budget_s - (time.monotonic() - start)
             progress(Progress(count, trials, ranked[0] if ranked else None, record, left))
 
@@ -515,12 +515,16 @@ def _done(search: _Search, trials: int) -> bool:
     """Enough trials measured or in flight, or every plan decided; no lost trial waiting to rerun.
 
     Trials other workers are running count: a study of T trials measures T, not T
-    per worker. One of them that is lost comes back as a retry, and runs.
+    per worker. One of them that is lost comes back as a retry, and runs. The policy's
+    unchanged-code twin does not count: it decides the policy's code change, and is no plan
+    of the search's (on tiny Llama it took the 8th trial from the ZeRO-0 neighbour that a
+    fresh grid measured best).
     """
     if _shared.retries_waiting(search.study):
         return False
     existing = _study.records(search.study)
-    measured = sum(1 for r in existing if r.outcome is not None or r.state == "running")
+    measured = sum(1 for r in existing
+                   if (r.outcome is not None or r.state == "running") and r.role != "unchanged")  # fmt: skip
     # A trial failed without an outcome was given back (interrupted, killed): not decided.
     decided = {
         r.plan.model_dump_json()

@@ -400,9 +400,10 @@ def test_the_policys_code_change_is_decided_on_its_own_plan_then_held(
     tmp_path: Path, sdpa_speedup: float
 ) -> None:
     """The policy's fused attention is measured against the model as written on the policy's
-    own plan, second in the queue. Where it is slower (as on a CPU at 124M), every later trial
-    runs the code as written and the final comparison runs no twin; where it pays, every trial
-    keeps it, and the comparison runs no twin either: the search measured it."""
+    own plan, second in the queue and on top of the trials asked for. Where it is slower (as on
+    a CPU at 124M), every later trial runs the code as written and the final comparison runs no
+    twin; where it pays, every trial keeps it, and the comparison runs no twin either: the
+    search measured it."""
     runner = _attention_runner(sdpa_speedup)
     policy = Plan(micro_batch=4, grad_accum=4, attention="sdpa")
     record = run_tune(
@@ -414,6 +415,8 @@ def test_the_policys_code_change_is_decided_on_its_own_plan_then_held(
     assert (first.role, first.plan) == ("policy", policy)
     assert (second.role, second.plan) == ("unchanged", policy.with_changes(attention="default"))
     pays = sdpa_speedup > 1
+    # the twin decides the code change; it is not one of the --trials plans
+    assert len([t for t in record.trials if t.outcome is not None and t.role != "unchanged"]) == 5
     later = [t for t in record.trials[2:] if t.outcome is not None]
     assert later and all(t.plan.attention == ("sdpa" if pays else "default") for t in later)
     searched = len([t for t in record.trials if t.outcome is not None])
