@@ -142,6 +142,11 @@ class _Search:
         self._predictions.clear()
         notes.append(f"{shown}; every plan from then on runs the model's code as written")
 
+    def as_space_plan(self, plan: Plan) -> Plan:
+        """``plan`` as a point of the space the search now runs: without the policy's code
+        changes once they were dropped."""
+        return (unchanged_model(plan) or plan) if self.code_dropped else plan
+
     def _as_decided(self, trial: Any, plan: Plan, role: str) -> Plan:
         """``plan`` without the policy's code changes once the search has dropped them (the
         policy's plan and its twin, queued to decide it, as they are)."""
@@ -526,9 +531,13 @@ def _done(search: _Search, trials: int) -> bool:
     measured = sum(1 for r in existing
                    if (r.outcome is not None or r.state == "running") and r.role != "unchanged")  # fmt: skip
     # A trial failed without an outcome was given back (interrupted, killed): not decided.
+    # Points of the space only (not the baseline or the policy's twin where they lie outside
+    # it); once the search runs the model's code as written, a plan run with the policy's code
+    # changes before counts as its twin.
     decided = {
-        r.plan.model_dump_json()
+        search.as_space_plan(r.plan)
         for r in existing
         if r.state in ("complete", "pruned") or (r.state == "failed" and r.outcome)
     }
-    return measured >= trials or len(decided) >= search.space.size()
+    points = set(search.space.all_plans())
+    return measured >= trials or len(decided & points) >= len(points)

@@ -260,8 +260,11 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     assert link is not None and link.world_size == 2 and link.backend == "gloo"
     assert {p.collective for p in link.points} == {"all_reduce", "all_gather", "reduce_scatter"}
     assert all(p.low <= p.seconds <= p.high for p in link.points)
-    assert link.bandwidth_bytes_per_s > 0 and set(link.collectives) == {
-        "all_reduce", "all_gather", "reduce_scatter"}  # fmt: skip
+    # a collective whose points do not grow with size on this fast, noisy loopback (a
+    # reduce-scatter once ranged 3.5-35 ms at 4 MiB) gets no fit of its own: the fit of all
+    # the points times it
+    assert link.bandwidth_bytes_per_s > 0 and link.collectives
+    assert set(link.collectives) <= {"all_reduce", "all_gather", "reduce_scatter"}
     # a run of a study that has its link and the plan's peak (a comparison's re-run): neither
     # is measured again, the steps are
     again = runner.run(plan, settings.model_copy(update={"measure_peak": False,
