@@ -150,11 +150,11 @@ class _Search:
     def _as_decided(self, trial: Any, plan: Plan, role: str) -> Plan:
         """``plan`` without the policy's code changes once the search has dropped them (the
         policy's plan and its twin, queued to decide it, as they are)."""
-        twin = unchanged_model(plan)
-        if not self.code_dropped or twin is None or role in ("policy", "unchanged"):
+        mapped = self.as_space_plan(plan)
+        if mapped == plan or role in ("policy", "unchanged"):
             return plan
-        trial.set_user_attr("plan", twin.model_dump(mode="json"))
-        return twin
+        trial.set_user_attr("plan", mapped.model_dump(mode="json"))
+        return mapped
 
     def prediction(self, plan: Plan) -> Prediction | None:
         """The estimate of ``plan`` (``None`` without one); each plan is predicted once."""
