@@ -56,9 +56,18 @@ class TrialSettings(_Record):
     )
     measure_peak: bool = Field(
         default=True,
-        description="run the untimed step(s) after the timed ones that measure each rank's peak "
-        "on a CPU (False: a re-run of a plan whose peak an earlier run measured); on a GPU the "
-        "allocator's peak of the timed steps is read and no step more is run",
+        description="measure each rank's peak on a CPU (where: peak_step; False: a re-run of a "
+        "plan whose peak an earlier run measured); on a GPU the allocator's peak of the timed "
+        "steps is read and no step more is run",
+    )
+    peak_step: Literal["warmup", "extra"] = Field(
+        default="warmup",
+        description="where a CPU trial of DeepSpeed ZeRO-0/1/2 or FSDP2 measures the peak: "
+        "warmup, the first warm-up step under the live-tensor tracker, the storages it kept to "
+        "its end (lazily made optimizer states, gradient buffers) counted from its start as in "
+        "every later step (no step more; with --warmup 0, extra); extra, one more untimed step "
+        "after the timed ones, as ZeRO-3 (whose first step prefetches nothing), one-rank "
+        "plain-torch and script trials always take",
     )
     sweep_link: bool = Field(
         default=True,
@@ -111,8 +120,9 @@ class TrialResult(_Record):
     )
     live_tensor_bytes: list[int] = Field(
         default_factory=list,
-        description="one per rank: the peak of one extra, untimed step by peak_source's CPU "
-        "measure (empty: not measured, as on a GPU, whose allocator gives the peak)",
+        description="one per rank: the peak by peak_source's CPU measure, of the step "
+        "settings.peak_step names (empty: not measured, as on a GPU, whose allocator gives "
+        "the peak)",
     )
     rss_delta_bytes: list[int] = Field(
         default_factory=list,

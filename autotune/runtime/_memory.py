@@ -245,6 +245,8 @@ class _Live:
 
     nbytes: int
     category: str = "temporaries"
+    born: int = -1
+    """Index into :attr:`LiveTensorTracker.curve` of the growth that allocated it."""
 
 
 WINDOW_SAVED = 0.1
@@ -301,6 +303,10 @@ class LiveTensorTracker(TorchDispatchMode):
         self._pending: tuple[int, int] | None = None
         """(operand key, bytes) of a backward sum not yet counted: in place if the operand
         is freed next, else counted when the next op or free comes."""
+        self.curve: list[int] = []
+        """Live bytes after each growth, in order (:meth:`steady_peak` reads it)."""
+        self._origin = (0, 0)
+        """(growths, live bytes) when the step :meth:`steady_peak` reads began."""
 
     @property
     def peak(self) -> int:
@@ -379,7 +385,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self._freed(key, self._refs[key])
             record = None
         if record is None:
-            record = _Live(storage.nbytes())
+            record = _Live(storage.nbytes(), born=len(self.curve))
             self.live[key] = record
             self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
             if grow:
@@ -388,11 +394,36 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def _grow(self, nbytes: int) -> None:
         self.current += nbytes
+        self.curve.append(self.current)
         if self.current > self._peak:
             self._peak, self._at_peak = self.current, True
         window = self._window
         if window is not None and not window.ended and self.current > window.peak:
             window.peak, window.at_peak = self.current, True
+
+    def begin(self) -> None:
+        """Mark the start of the step whose :meth:`steady_peak` is wanted (after the storages
+        alive before it are marked)."""
+        self._settle()
+        self._origin = (len(self.curve), self.current)
+
+    def steady_peak(self) -> int:
+        """The peak of the next step like this one, where this is a training run's first (from
+        :meth:`begin`): the storages this step allocated and kept to its end (optimizer states
+        made lazily, gradient buffers kept between steps) are alive from the start of every
+        later step, so at each moment of this one those not yet allocated are added."""
+        self._settle()
+        since, start = self._origin
+        late = [0] * (len(self.curve) + 1)
+        for record in self.live.values():
+            if record.born >= since:
+                late[record.born] += record.nbytes
+        kept_after = sum(late)  # at the step's start, every kept storage is still to come
+        peak = start + kept_after
+        for index in range(since, len(self.curve)):
+            kept_after -= late[index]
+            peak = max(peak, self.curve[index] + kept_after)
+        return peak
 
     def open_window(self) -> None:
         """Start a second peak at the start of a backward, read by :meth:`close_window`: it

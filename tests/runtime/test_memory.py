@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from torch import nn
 from autotune.records import ProfileRecord
 from autotune.runtime import _memory as mem
 from autotune.runtime.profiler import profile
+from autotune.runtime.trial.steps import live_peak, steady_peak, tensors_on
 
 # Small weights, wide batch: activations dominate, as in the bf16 test.
 WIDE = mlp_stack()
@@ -108,6 +110,39 @@ def test_track_peak_parts_add_up_and_cover_the_states() -> None:
     params = mem.parameter_bytes(model)
     assert result.at_peak.parameters == params
     assert result.peak >= params + mem.optimizer_state_bytes(optimizer)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd_momentum"])
+def test_the_first_steps_steady_peak_is_the_second_steps_measured_peak(optimizer: str) -> None:
+    # A trial's warm-up step gives its peak: the states an optimizer makes lazily in its first
+    # step (AdamW's step counts by torch.tensor, which dispatches no op) are alive from the start
+    # of every later step. The reference is the second step tracked as it runs, every tensor
+    # alive before it marked.
+    cpu = torch.device("cpu")
+
+    def training() -> Callable[[], None]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+        opt: torch.optim.Optimizer = (
+            torch.optim.AdamW(model.parameters())
+            if optimizer == "adamw"
+            else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        )
+        batch = torch.randn(32, 64)
+
+        def step() -> None:
+            model(batch).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return step
+
+    first = live_peak(cpu, tensors_on(cpu), training())  # a first step, as it ran
+    step = training()
+    _, steady = steady_peak(cpu, step)
+    second = live_peak(cpu, tensors_on(cpu), step)
+    assert first < second  # the first step is not a steady one: states come in it
+    assert steady == second
 
 
 def test_is_weight_cast_finds_autocast_copies_only() -> None:

@@ -183,10 +183,11 @@ STUBBED_GPU = COUNTING + textwrap.dedent(
 def test_one_rank_zero2_trial_peak_matches_the_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The peak of the untimed step after the timed ones matches the estimate; a re-run that
-    needs no peak (``measure_peak`` off) runs exactly the warm-up and the timed steps (the
-    model's own loss calls counted) and reports none; so does a run whose device's allocator
-    (a GPU's, stubbed) gives the peak."""
+    """The peak the warm-up step gives matches the estimate and the peak of one more, untimed
+    step after the timed ones (``peak_step`` extra); a re-run that needs no peak
+    (``measure_peak`` off) runs exactly the warm-up and the timed steps (the model's own loss
+    calls counted) and reports none; so does a run whose device's allocator (a GPU's, stubbed)
+    gives the peak where a step more would have measured it."""
     from autotune.estimator import estimate_plan, facts_from_profile
     from autotune.runtime.profiler import profile
 
@@ -209,8 +210,13 @@ def test_one_rank_zero2_trial_peak_matches_the_estimate(
     buckets = 2 * 4 * (PARAMETERS + PARAMETERS % 2)
     assert f"ZeRO gradient buckets of {buckets:,} bytes" in predicted.peak_composition
     assert abs(result.peak - predicted.peak) <= 0.10 * predicted.peak
-    # 1 warm-up + 2 timed + 1 peak step, 2 micro-batches each
-    assert len(log.read_text().splitlines()) == 4 * 2
+    # 1 warm-up (its peak tracked) + 2 timed steps, 2 micro-batches each
+    assert len(log.read_text().splitlines()) == 3 * 2
+    log.unlink()
+    extra = runner.run(plan, _settings(str(model), timeout_s=300, peak_step="extra")).result
+    assert extra is not None and extra.peak is not None
+    assert len(log.read_text().splitlines()) == 4 * 2  # one step more
+    assert abs(extra.peak - result.peak) <= 0.005 * extra.peak
     log.unlink()
     again = runner.run(plan, _settings(str(model), timeout_s=300, measure_peak=False)).result
     assert again is not None and again.samples_per_s is not None and again.completed_steps == 3
@@ -220,13 +226,37 @@ def test_one_rank_zero2_trial_peak_matches_the_estimate(
     log.unlink()
     gpu = tmp_path / "stubbed_gpu.py"
     gpu.write_text(STUBBED_GPU)
-    stubbed = runner.run(plan, _settings(str(gpu), timeout_s=300)).result
+    stubbed = runner.run(plan, _settings(str(gpu), timeout_s=300, peak_step="extra")).result
     assert stubbed is not None and stubbed.samples_per_s is not None
     assert stubbed.peak_source == "cuda_max_allocated" and stubbed.peak_memory_bytes == [
         123_456_789
     ]
     assert stubbed.live_tensor_bytes == []
     assert len(log.read_text().splitlines()) == 3 * 2
+
+
+def test_the_warmup_step_is_tracked_on_a_cpu_only_where_a_peak_is_wanted_from_it() -> None:
+    import torch
+
+    from autotune.records import WorkerSpec
+    from autotune.runtime.trial.steps import MemoryWatch, Steps
+
+    watch = MemoryWatch(None)
+
+    def tracks(device: object, **kw: object) -> bool:
+        spec = WorkerSpec(settings=_settings("model.py", **kw), plan=Plan(), result_path="r")
+        return Steps(spec, lambda result: None, watch)._tracks_warmup(device)
+
+    cpu = torch.device("cpu")
+    try:
+        assert tracks(cpu)
+        assert not tracks(torch.device("cuda"))  # the allocator's peak of the timed steps
+        assert not tracks(None)  # a ZeRO-3 engine: its first step prefetches nothing
+        assert not tracks(cpu, warmup=0)  # the first step is timed
+        assert not tracks(cpu, measure_peak=False)  # a re-run
+        assert not tracks(cpu, peak_step="extra")
+    finally:
+        watch.stop()
 
 
 @pytest.mark.slow

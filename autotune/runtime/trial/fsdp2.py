@@ -104,8 +104,8 @@ def fsdp2_trial(
 
     ``steps`` is the trial worker's step loop (warm-up, timed steps, progress);
     ``live_peak(device, step)`` is its live-tensor measure of one more, untimed step (``None``:
-    not measured, the spec's ``measure_peak`` off), taken only where no GPU allocator gave the
-    timed steps' peak.
+    not measured, the spec's ``measure_peak`` off), taken only where neither the warm-up step
+    (``steps.peak``) nor a GPU's allocator gave the peak.
     Returns the trial worker's info dict (``engine: fsdp2``).
     """
     from autotune.runtime import _device as dev
@@ -140,9 +140,11 @@ def fsdp2_trial(
         synchronize(device)
         return seconds, loss
 
-    steps.run(step)
+    steps.run(step, peak_on=device)
     peaks = dev.allocator_peak(device)
     cuda = None if peaks is None else peaks[0]
-    live = live_peak(device, step) if cuda is None else None  # a GPU's allocator gave it
+    live = steps.peak
+    if live is None and cuda is None:  # no warm-up step tracked; a GPU's allocator gave it
+        live = live_peak(device, step)
     return {"split": None, "tokens": model_file.tokens_per_sample(last[0]), "device": device,
             "engine": "fsdp2", "live": live, "cuda": cuda}  # fmt: skip

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -20,6 +20,8 @@ from autotune.records import (
     median_interval,
     relative_half_width,
 )
+
+_T = TypeVar("_T")
 
 
 class MemoryWatch:
@@ -116,7 +118,7 @@ def live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) 
 
     The same measure as ``autotune profile``'s ``cpu_live_tensors`` peak
     (:class:`~autotune.runtime._memory.LiveTensorTracker`). The dispatch mode
-    slows every op, so callers run it on one extra step that is not timed.
+    slows every op, so callers run it on a step that is not timed.
     """
     from autotune.runtime._memory import LiveTensorTracker, count_rng_states
 
@@ -125,6 +127,23 @@ def live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) 
         tracker.mark(existing, "existing")
         step()
     return tracker.peak
+
+
+def steady_peak(device: Any, step: Callable[[], _T]) -> tuple[_T, int]:
+    """``step()``'s value, and the live-tensor peak on ``device`` of a later step like it, where
+    this is a run's first: every tensor alive before it is marked, and those alive after it that
+    were not (lazily made optimizer states, gradient buffers kept between steps, whether or not
+    an op the tracker saw made them: ``torch.tensor`` does not dispatch one) are counted from
+    its start (:meth:`~autotune.runtime._memory.LiveTensorTracker.steady_peak`)."""
+    from autotune.runtime._memory import LiveTensorTracker, count_rng_states
+
+    tracker = LiveTensorTracker(device)
+    with tracker, count_rng_states(tracker):
+        tracker.mark(tensors_on(device), "existing")
+        tracker.begin()
+        value = step()
+        tracker.mark(tensors_on(device), "kept")
+    return value, tracker.steady_peak()
 
 
 class Steps:
@@ -142,15 +161,25 @@ class Steps:
         self.losses: list[float] = []
         self.first_step_at: float | None = None
         self.steps_s: float | None = None
+        self.peak: int | None = None
+        """The live-tensor peak of a steady step, derived from the warm-up step (``None``: the
+        warm-up was not tracked; see :meth:`run`)."""
 
-    def run(self, step: Callable[[], tuple[float, float]]) -> None:
+    def run(self, step: Callable[[], tuple[float, float]], peak_on: Any = None) -> None:
+        """Warm up, then measure. ``peak_on``: a CPU device whose live tensors the first warm-up
+        step tracks (where the settings ask for a peak from it), giving :attr:`peak` without a
+        step more: the storages it allocated and kept (lazily made optimizer states, gradient
+        buffers) are counted from its start, as in every later step."""
         settings = self.spec.settings
         self.first_step_at = time.time()
         start = time.perf_counter()
         measure_start = start
         index = 0
         while True:
-            seconds, loss = step()
+            if index == 0 and self._tracks_warmup(peak_on):
+                (seconds, loss), self.peak = steady_peak(peak_on, step)
+            else:
+                seconds, loss = step()
             self.losses.append(loss)
             if index == 0:
                 # Marks the launch as started: a later failure is the plan's, not the port's.
@@ -163,6 +192,11 @@ class Steps:
             if agree(self._enough(time.perf_counter() - measure_start)):
                 break
         self.steps_s = time.perf_counter() - start
+
+    def _tracks_warmup(self, device: Any) -> bool:
+        settings = self.spec.settings
+        return (device is not None and device.type == "cpu" and settings.measure_peak
+                and settings.peak_step == "warmup" and settings.warmup >= 1)  # fmt: skip
 
     def done(self, measuring_s: float) -> bool:
         """Whether the measured steps so far are enough (the rule :meth:`run` follows);

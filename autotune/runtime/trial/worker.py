@@ -71,7 +71,7 @@ def _torch_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
 
 def _peaks(info: dict[str, Any], watch: MemoryWatch, measured: bool = True) -> dict[str, Any]:
     """Per-rank peaks: the judged one and its source, live tensor bytes, RSS growth; where the
-    peak step did not run (``measured`` false) only a GPU's allocator peak is judged."""
+    peak was not measured (``measured`` false) only a GPU's allocator peak is judged."""
     mine = (info["cuda"], info["live"], watch.peak_delta())
     world = ranks()[1]
     gathered: list[Any] = [mine]
