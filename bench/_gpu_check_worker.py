@@ -25,9 +25,9 @@ def _sampled_steps(device: Any, samplers: list[dev.NvmlSampler]) -> Any:
     """The worker's step loop, run inside an NVML sampler."""
     run = trial_steps.Steps.run
 
-    def sampled(self: Any, step: Any) -> None:
+    def sampled(self: Any, step: Any, peak_on: Any = None) -> None:
         with dev.NvmlSampler(device) as sampler:
-            run(self, step)
+            run(self, step, peak_on)
         samplers.append(sampler)
 
     return sampled
