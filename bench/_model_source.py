@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -13,6 +14,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--plans", nargs="+", required=True)
     parser.add_argument("--nproc-per-node", type=int, default=2)
+
+
+def parse_model_arguments(doc: str) -> argparse.Namespace:
+    """A trial bench script's arguments (:func:`add_model_arguments`, its docstring's first line
+    the description), after setting the CPU trial environment its worker groups inherit, where
+    unset (one thread per rank, DeepSpeed's CPU accelerator)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_model_arguments(parser)
+    return parser.parse_args()
 
 
 def model_path(args: argparse.Namespace, work: Path) -> str:

@@ -12,21 +12,14 @@ Run: OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu .venv/bin/python bench/peak_step.py ex
 
 from __future__ import annotations
 
-import argparse
-import os
 import tempfile
 from pathlib import Path
 
-from _model_source import add_model_arguments, model_path
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+from _model_source import model_path, parse_model_arguments
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_arguments(parser)
-    args = parser.parse_args()
+    args = parse_model_arguments(__doc__)
     from autotune.records import parse_plan
     from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import PoolRunner, TrialSettings

@@ -81,7 +81,7 @@ def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     # The engine's flat buffers and partitions are not all reachable from the model or
     # the optimizer, so everything alive on the device counts as present at the start. ZeRO-3's
     # first step records the modules' order and prefetches nothing, so it is not a later step
-    # less what it kept (bench/peak_step.py: -2.2 % to +14.7 % on tiny Llama): an extra step.
+    # less what it kept (bench/peak_step.py: -2.6 % to +14.7 % on tiny Llama): an extra step.
     steps.run(step, peak_on=engine.device if plan.zero_stage < 3 else None)
     cuda = cuda_peak(engine.device)
     live = steps.peak
