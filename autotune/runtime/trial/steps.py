@@ -3,12 +3,13 @@ is known, the model file imported once per process, and the peak measures."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import psutil
@@ -113,6 +114,17 @@ def tensors_on(device: Any) -> list[Any]:
     return found
 
 
+@contextlib.contextmanager
+def _tracking(device: Any, existing: Iterable[Any]) -> Iterator[Any]:
+    """The live-tensor tracker on ``device``, ``existing`` tensors marked, RNG states counted."""
+    from autotune.runtime._memory import LiveTensorTracker, count_rng_states
+
+    tracker = LiveTensorTracker(device)
+    with tracker, count_rng_states(tracker):
+        tracker.mark(existing, "existing")
+        yield tracker
+
+
 def live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) -> int:
     """Most live tensor bytes on ``device`` during ``step()``, ``existing`` tensors included.
 
@@ -120,13 +132,9 @@ def live_peak(device: Any, existing: Iterable[Any], step: Callable[[], object]) 
     (:class:`~autotune.runtime._memory.LiveTensorTracker`). The dispatch mode
     slows every op, so callers run it on a step that is not timed.
     """
-    from autotune.runtime._memory import LiveTensorTracker, count_rng_states
-
-    tracker = LiveTensorTracker(device)
-    with tracker, count_rng_states(tracker):
-        tracker.mark(existing, "existing")
+    with _tracking(device, existing) as tracker:
         step()
-    return tracker.peak
+    return int(tracker.peak)
 
 
 def steady_peak(device: Any, step: Callable[[], _T]) -> tuple[_T, int]:
@@ -135,15 +143,11 @@ def steady_peak(device: Any, step: Callable[[], _T]) -> tuple[_T, int]:
     were not (lazily made optimizer states, gradient buffers kept between steps, whether or not
     an op the tracker saw made them: ``torch.tensor`` does not dispatch one) are counted from
     its start (:meth:`~autotune.runtime._memory.LiveTensorTracker.steady_peak`)."""
-    from autotune.runtime._memory import LiveTensorTracker, count_rng_states
-
-    tracker = LiveTensorTracker(device)
-    with tracker, count_rng_states(tracker):
-        tracker.mark(tensors_on(device), "existing")
+    with _tracking(device, tensors_on(device)) as tracker:
         tracker.begin()
         value = step()
         tracker.mark(tensors_on(device), "kept")
-    return value, tracker.steady_peak()
+    return value, int(tracker.steady_peak())
 
 
 class Steps:
