@@ -96,12 +96,16 @@ def ranks() -> tuple[int, int]:
 
 
 def tensors_on(device: Any) -> list[Any]:
-    """Every tensor object alive in this process on ``device``'s type (a gc walk)."""
+    """Every tensor object alive in this process on ``device``'s type (a gc walk).
+
+    Cyclic garbage is collected first: it is not alive, and a collection during the step the
+    walk precedes would free it there, after it had been counted from the step's start."""
     import gc
     import warnings
 
     import torch
 
+    gc.collect()
     found = []
     with warnings.catch_warnings():  # isinstance on deprecated module proxies warns
         warnings.simplefilter("ignore")
