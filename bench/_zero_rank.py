@@ -201,6 +201,7 @@ def rank_main(job_path: str, out_path: str) -> None:
 
     from autotune.records import Plan
     from autotune.runtime.modelfile import load_model_file
+    from autotune.runtime.trial.steps import leave_ranks
 
     job = json.loads(Path(job_path).read_text())
     device = job.get("device", "cpu")
@@ -233,7 +234,6 @@ def rank_main(job_path: str, out_path: str) -> None:
     dist.all_gather_object(gathered, results)
     if rank == 0:
         Path(out_path).write_text(json.dumps(gathered))
-    dist.barrier()
     # Torn down here, not at interpreter exit: a rank whose gloo group outlives its peer's
     # exit can abort (SIGABRT) in the group's destructor.
-    dist.destroy_process_group()
+    leave_ranks()

@@ -71,7 +71,7 @@ def rank_main(job_path: str, out_path: str) -> None:
     from autotune.runtime._blocks import apply_checkpointing
     from autotune.runtime.modelfile import load_model_file
     from autotune.runtime.trial.deepspeed_engine import _cast_floats
-    from autotune.runtime.trial.steps import tensors_on
+    from autotune.runtime.trial.steps import leave_ranks, tensors_on
 
     job = json.loads(Path(job_path).read_text())
     model_file, plan = load_model_file(job["model"]), Plan.model_validate_json(job["plan"])
@@ -145,8 +145,7 @@ def rank_main(job_path: str, out_path: str) -> None:
                                      "parts": parts})  # fmt: skip
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_ranks()
 
 
 def _name(tracking: list[Any], keys: set[int], category: str) -> None:

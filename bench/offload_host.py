@@ -44,6 +44,7 @@ def _rank(job_path: str, out_path: str) -> None:
 
     from autotune.records import Plan
     from autotune.runtime.modelfile import load_model_file
+    from autotune.runtime.trial.steps import leave_ranks
 
     job = json.loads(Path(job_path).read_text())
     model_file = load_model_file(job["model"])
@@ -68,8 +69,7 @@ def _rank(job_path: str, out_path: str) -> None:
         engine.destroy()
     if dist.get_rank() == 0:
         Path(out_path).write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_ranks()
 
 
 def _run_ranks(model: str, plans: list[Any], nproc: int, steps: int, timeout: float) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from autotune.runtime.trial.steps import leave_ranks
 
 STEPS = 4
 FEATURES = 16
@@ -119,15 +120,8 @@ def main(configs_path: str, out_path: str) -> None:
     if dist.get_rank() == 0:
         with open(out_path, "w", encoding="utf-8") as handle:
             json.dump(results, handle)
-    dist.barrier()
-    dist.destroy_process_group()
-    # DeepSpeed's gloo threads can still be joinable when the interpreter's static destructors
-    # run, and abort a rank that trained well (SIGABRT, "terminate called without an active
-    # exception"; CI saw it in test_two_ranks_in_one_torchrun): leave without them, as a script
-    # trial does (autotune/runtime/trial/script/_measure.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # CI saw a rank abort at exit in test_two_ranks_in_one_torchrun (leave_ranks says why).
+    leave_ranks()
 
 
 if __name__ == "__main__":
