@@ -266,7 +266,7 @@ def shut_down() -> None:
 def leave_ranks() -> NoReturn:
     """:func:`shut_down`, then exit 0 without the interpreter's teardown: DeepSpeed's gloo
     threads can still be joinable when its static destructors run, and abort a rank that
-    finished (SIGABRT, "terminate called without an active exception"; 3 runs in 15 of
+    finished (SIGABRT, "terminate called without an active exception"; 3 runs in 16 of
     ``bench/bf16_peaks.py``'s first rank job on this host, stop 50). For rank jobs whose results
     are written: nothing runs after this."""
     shut_down()

@@ -17,10 +17,10 @@ from autotune.runtime.trial.steps import (
     MemoryWatch,
     Steps,
     cuda_peak,
+    leave_ranks,
     live_peak,
     load_cached,
     ranks,
-    shut_down,
     tensors_on,
 )
 
@@ -159,7 +159,9 @@ def _iter_lines(exc: BaseException) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.runtime.trial.worker SPEC.json``: exit 0 with a result file, else 1."""
+    """``python -m autotune.runtime.trial.worker SPEC.json``: exit 0 with a result file (at once,
+    without the interpreter's teardown: :func:`~autotune.runtime.trial.steps.leave_ranks`),
+    else 1."""
     die_with_parent()  # a rank under torchrun: die with torchrun, which dies with tune
     args = sys.argv[1:] if argv is None else argv
     spec = read_record(args[0], WorkerSpec, "trial spec")
@@ -186,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         watch.stop()
     write(result)
-    shut_down()
-    return 0
+    leave_ranks()  # the result is written: a rank that aborts at exit would fail the launch
 
 
 if __name__ == "__main__":
