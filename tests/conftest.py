@@ -42,6 +42,29 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+class ExitInTestProcess(BaseException):
+    """``os._exit`` called in pytest's own process: it would end the run at once, with the code
+    it was given (0 reads as a suite that passed), the tests after it never run. A
+    ``BaseException``, so that an ``except Exception`` on the way does not hide it."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_exit_in_the_test_process() -> Iterator[None]:
+    """Code that leaves its process at once (a rank job's ``leave_ranks``) run in-process by a
+    test raises :class:`ExitInTestProcess` instead; processes forked from this one (DataLoader
+    workers, multiprocessing) exit as they would."""
+    real, pid = os._exit, os.getpid()
+
+    def guarded(code: int) -> NoReturn:
+        if os.getpid() != pid:
+            real(code)
+        raise ExitInTestProcess(f"os._exit({code}) in pytest's process")
+
+    os._exit = guarded
+    yield
+    os._exit = real
+
+
 @pytest.fixture(autouse=True)
 def _trace_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Traced HF-config facts go to the session's temporary folder, never the user's home."""

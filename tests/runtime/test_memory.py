@@ -119,8 +119,8 @@ def test_the_first_steps_steady_peak_is_the_second_steps_measured_peak(optimizer
     # step (AdamW's step counts by torch.tensor, which dispatches no op) are alive from the start
     # of every later step. The reference is the second step tracked as it runs, every tensor
     # alive before it marked. A cycle holding a tensor, left by earlier work and collected
-    # during the first step, is not alive in the steps it is the peak of (CI once read 50 KB of
-    # another test's garbage in the first step's figure).
+    # during the first step, is not alive in the steps it is the peak of (in CI's whole suite
+    # the first step's figure once read 50 KB over the second's, as such a cycle makes it).
     cpu = torch.device("cpu")
 
     def training(collect: bool = False) -> Callable[[], None]:

@@ -32,7 +32,7 @@ from autotune.records import (
     write_record,
 )
 from autotune.runtime.trial.lifeline import die_with_parent
-from autotune.runtime.trial.steps import MemoryWatch, leave_ranks, ranks
+from autotune.runtime.trial.steps import MemoryWatch, ranks, shut_down
 from autotune.runtime.trial.worker import _iter_lines, run_trial
 
 POLL_S = 0.02
@@ -78,7 +78,7 @@ def serve(folder: Path, idle_s: float = IDLE_S) -> int:
         watch.stop()
     if stop_path(folder).exists():  # told to stop: every rank is here, leave the group together
         with contextlib.suppress(Exception):
-            leave_ranks()
+            shut_down()
     return 0
 
 

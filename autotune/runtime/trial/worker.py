@@ -21,6 +21,7 @@ from autotune.runtime.trial.steps import (
     live_peak,
     load_cached,
     ranks,
+    shut_down,
     tensors_on,
 )
 
@@ -159,9 +160,8 @@ def _iter_lines(exc: BaseException) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.runtime.trial.worker SPEC.json``: exit 0 with a result file (at once,
-    without the interpreter's teardown: :func:`~autotune.runtime.trial.steps.leave_ranks`),
-    else 1."""
+    """``python -m autotune.runtime.trial.worker SPEC.json``: exit 0 with a result file, else 1
+    (run as a program, 0 comes without the interpreter's teardown: :func:`leave_ranks`)."""
     die_with_parent()  # a rank under torchrun: die with torchrun, which dies with tune
     args = sys.argv[1:] if argv is None else argv
     spec = read_record(args[0], WorkerSpec, "trial spec")
@@ -188,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         watch.stop()
     write(result)
-    leave_ranks()  # the result is written: a rank that aborts at exit would fail the launch
+    shut_down()
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if main() == 0:  # the result is written: a rank that aborts at exit would fail the launch
+        leave_ranks()  # the group is left already; exits 0 at once
+    sys.exit(1)
