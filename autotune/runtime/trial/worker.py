@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if main() == 0:  # the result is written: a rank that aborts at exit would fail the launch
+    code = main()
+    if code == 0:  # the result is written: a rank that aborts at exit would fail the launch
         leave_ranks()  # the group is left already; exits 0 at once
-    sys.exit(1)
+    sys.exit(code)
