@@ -20,9 +20,8 @@ and a recommendation written.
 Prints a markdown table for bench/RESULTS.md.
 
 ``--waits`` runs the second table instead: waits that must end, each with its time to end and
-what stderr said (a pipe, not a terminal): a stale DeepSpeed build lock at start (in a copy
-of the built extensions folder, never the shared one); SIGKILL of tune during DeepSpeed's
-first build, then the same command; another process holding this host's CPU lock for 20 s;
+what stderr said (a pipe, not a terminal): a stale torch build lock at start (in an extensions
+folder of the run's own, never the shared one); another process holding this host's CPU lock;
 a model that hangs in every trial rank; a resume after the model file changed.
 """
 
@@ -32,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -227,7 +225,6 @@ def run_fault(fault: Fault, root: Path, profile: Path) -> dict[str, object]:
 
 WAITS = {
     "stale-lock": "a stale `deepspeed_shm_comm/lock` in TORCH_EXTENSIONS_DIR at start (2 ranks)",
-    "kill-build": "SIGKILL to `autotune tune` during DeepSpeed's first build; then the same command",
     "host-lock": "another process holds this host's CPU lock until tune says it waits",
     "hang-ranks": "build_model hangs in every trial rank (--trial-timeout 20)",
     "changed-model": "the model file changed, then the same command (resume)",
@@ -243,9 +240,9 @@ with host_lock(device_units("cpu")):
 
 
 def _wait_run(folder: Path, profile: Path, name: str, env: dict[str, str],
-              kill_at: str | None = None, release: Path | None = None) -> dict[str, object]:  # fmt: skip
-    """One tune run; its exit, seconds to end, survivors, stderr's lines; SIGKILL once
-    stderr shows ``kill_at``; ``release`` made once it says it waits for a lock."""
+              release: Path | None = None) -> dict[str, object]:  # fmt: skip
+    """One tune run; its exit, seconds to end, survivors, stderr's lines; ``release`` made
+    once it says it waits for a lock."""
     fault = Fault(name, "", nproc=2 if name == "stale-lock" else 1, trials=2,
                   timeout_s=20 if name == "hang-ranks" else 90)  # fmt: skip
     start = time.monotonic()
@@ -258,13 +255,6 @@ def _wait_run(folder: Path, profile: Path, name: str, env: dict[str, str],
         lines.append(line.strip())
         if release is not None and "waiting for the lock" in line:
             release.touch()
-        if kill_at is not None and kill_at in line:
-            lock = Path(env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm" / "lock"
-            while not lock.exists():  # the builder holds torch's lock from here on
-                time.sleep(0.05)
-            watch.poll()
-            proc.kill()
-            break
     proc.wait()
     seconds = time.monotonic() - start
     time.sleep(2.0)
@@ -272,17 +262,14 @@ def _wait_run(folder: Path, profile: Path, name: str, env: dict[str, str],
             "said": [x for x in lines if x.startswith("autotune:")]}  # fmt: skip
 
 
-def run_wait(name: str, root: Path, profile: Path, built: Path) -> dict[str, object]:
+def run_wait(name: str, root: Path, profile: Path) -> dict[str, object]:
     folder = root / name
     (folder / "tmp").mkdir(parents=True)
     model = MODEL
     (folder / "model.py").write_text(model)
     extensions = folder / "extensions"
-    if name == "kill-build":
-        extensions.mkdir()
-    else:
-        shutil.copytree(built, extensions, ignore=shutil.ignore_patterns("lock", ".autotune-*"))
-    if name == "stale-lock":
+    (extensions / "deepspeed_shm_comm").mkdir(parents=True)
+    if name == "stale-lock":  # what a build killed midway leaves
         (extensions / "deepspeed_shm_comm" / "lock").touch()
     env = {**_env(folder, Fault(name, ""), armed=False), "FAULT": name,
            "TORCH_EXTENSIONS_DIR": str(extensions)}  # fmt: skip
@@ -295,20 +282,13 @@ def run_wait(name: str, root: Path, profile: Path, built: Path) -> dict[str, obj
         (folder / "model.py").write_text(model.replace("nn.Linear(64, 1)", "nn.Linear(64, 2)"))
         assert first["exit"] == 0, first
     run = _wait_run(folder, profile, name, env,
-                    kill_at="building DeepSpeed's comm op" if name == "kill-build" else None,
                     release=folder / "release" if holder is not None else None)  # fmt: skip
     if holder is not None:
         (folder / "release").touch()  # also when tune never waited (then the row says so)
         holder.wait()
-    then = "–"
-    if name == "kill-build":
-        again = _wait_run(folder, profile, name, env)
-        run["left"] = int(str(run["left"])) + int(str(again["left"]))
-        then = f"{again['exit']} in {again['s']:.0f} s"
-        run["said"] = [*run["said"], *again["said"]]  # type: ignore[misc]
     said = [x for x in run["said"] if "lock" in x or "group" in x or "study" in x]  # type: ignore[attr-defined]
     lost = _study(folder)["lost"] if (folder / "study.db").exists() else 0
-    return {"fault": name, "how": WAITS[name], "exit": run["exit"], "then": then,
+    return {"fault": name, "how": WAITS[name], "exit": run["exit"],
             "s": f"{run['s']:.0f}", "left": run["left"], "lost": lost,
             "said": " / ".join(dict.fromkeys(x.replace("|", "/") for x in said)) or "–"}  # fmt: skip
 
@@ -323,19 +303,15 @@ def main_waits(names: list[str] | None) -> None:
         subprocess.run([AUTOTUNE, "profile", str(root / "model.py"), "-b", "2", "--steps", "1",
                         "--warmup", "1", "--device", "cpu", "--out", str(profile)],
                        check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-        built = root / "built"  # a private copy of the built op: the shared folder is left alone
-        shared = Path(os.environ.get("TORCH_EXTENSIONS_DIR",
-                                     "~/.cache/autotune-torch-extensions")).expanduser()  # fmt: skip
-        shutil.copytree(shared, built, ignore=shutil.ignore_patterns("lock", ".autotune-*"))
         rows = []
         for name in [n for n in WAITS if names is None or n in names]:
             sys.stderr.write(f"{name} ...\n")
-            rows.append(run_wait(name, root, profile, built))
-    print("| fault | injected | exit | then the same command | seconds to end | processes left "
+            rows.append(run_wait(name, root, profile))
+    print("| fault | injected | exit | seconds to end | processes left "
           "after 2 s | trials lost | what stderr said (a pipe) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['fault']} | {r['how']} | {r['exit']} | {r['then']} | {r['s']} | {r['left']} "
+        print(f"| {r['fault']} | {r['how']} | {r['exit']} | {r['s']} | {r['left']} "
               f"| {r['lost']} | {r['said']} |")  # fmt: skip
     print(f"\n{len(rows)} waits in {time.monotonic() - start:.0f} s.")
 

@@ -163,13 +163,8 @@ def _tune_file(
     settings = trial_settings(str(Path(model_path).resolve()), options, machine,
                               default_guard(machine.nproc_per_node))  # fmt: skip
     if notice is not None:  # the model ran: what remains before the first trial is start-up
-        notice("starting the trial workers (a first DeepSpeed start compiles its comm op: "
-               "about a minute)")  # fmt: skip
+        notice("starting the trial workers")
     mark = time.monotonic()
-    if runner is None and machine.nnodes == 1:  # DeepSpeed's comm op, built once with a deadline
-        from autotune.runtime.extensions import prepare_deepspeed
-
-        prepare_deepspeed(machine.device, settings.timeout_s)
     with contextlib.ExitStack() as owned:
         if runner is None:
             from autotune.runtime.extensions import recover_build_locks

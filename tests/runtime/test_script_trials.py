@@ -152,11 +152,17 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_tune_each_script_on_two_ranks_and_its_config_trains_it(case: str, tmp_path: Path) -> None:
+def test_tune_each_script_on_two_ranks_and_its_config_trains_it(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     command, arg_map, recommended_run = CASES[case]
     command = [part.replace("{tmp}", str(tmp_path)) for part in command]
-    record = tune_script(command, options=_options(tmp_path, 8),
-                         machine=Machine(device="cpu", nproc_per_node=2), arg_map=arg_map)  # fmt: skip
+    extensions = tmp_path / "extensions"  # where DeepSpeed's first start would build its comm op
+    with monkeypatch.context() as env:
+        env.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+        record = tune_script(command, options=_options(tmp_path, 8),
+                             machine=Machine(device="cpu", nproc_per_node=2), arg_map=arg_map)  # fmt: skip
+    assert not extensions.exists() or not any(extensions.iterdir())  # the trials built nothing
     assert NO_PROFILE not in record.notes  # profiled in the script: estimate and policy apply
     assert any(t.predicted_peak_bytes for t in record.trials)
     ok = [t for t in record.trials if t.outcome == "ok"]

@@ -38,6 +38,9 @@ def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     from autotune.emit import emit_deepspeed_config
     from autotune.runtime._blocks import apply_checkpointing
     from autotune.runtime._device import synchronize
+    from autotune.runtime.extensions import skip_comm_op
+
+    skip_comm_op()
 
     plan = spec.plan
     model_file = load_cached(spec.settings.model_file)
@@ -135,7 +138,8 @@ def _clear_caches(fn: Any, depth: int = 3) -> None:
 
 
 def warm_launcher(spec: WorkerSpec) -> TrialResult:
-    """Start DeepSpeed once on a throw-away model: compiles and caches its comm op.
+    """Start DeepSpeed once on a throw-away model: its imports and its communication backend
+    (without the CPU comm op no trial uses: :func:`autotune.runtime.extensions.skip_comm_op`).
 
     A plan that needs no DeepSpeed only imports torch (a live worker keeps it imported).
     """
@@ -145,6 +149,10 @@ def warm_launcher(spec: WorkerSpec) -> TrialResult:
     if not (spec.plan.uses_deepspeed or world > 1):
         return TrialResult(engine="none")
     import deepspeed
+
+    from autotune.runtime.extensions import skip_comm_op
+
+    skip_comm_op()
 
     model = torch.nn.Linear(4, 4)
     config = {

@@ -151,6 +151,9 @@ def _script_config(bound: inspect.BoundArguments) -> dict[str, Any]:
 
 
 def patch_deepspeed(module: ModuleType) -> None:
+    from autotune.runtime.extensions import skip_comm_op
+
+    skip_comm_op()  # before the script (or its Trainer) starts DeepSpeed's backend
     original = module.initialize
     signature = inspect.signature(original)
 
