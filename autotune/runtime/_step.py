@@ -133,25 +133,27 @@ class TrainRunner:
         """Indices of the micro-batches of one step (for instrumented callers)."""
         return iter(range(self.grad_accum))
 
-    def step(self) -> StepTiming:
-        """Run one optimizer step (``grad_accum`` micro-batches), timing each phase."""
+    def step(self, passes: contextlib.AbstractContextManager[Any] | None = None) -> StepTiming:
+        """Run one optimizer step (``grad_accum`` micro-batches), timing each phase; the
+        forward and backward passes inside ``passes`` where given (the optimizer step out)."""
         sync = self.device
         data = fwd = bwd = 0.0
         total_loss = 0.0
         synchronize(sync)
         start = time.perf_counter()
-        for _ in range(self.grad_accum):
-            t0 = time.perf_counter()
-            batch = self.next_batch()
-            synchronize(sync)
-            t1 = time.perf_counter()
-            loss = self.forward(batch)
-            total_loss += float(loss.detach())
-            t2 = time.perf_counter()
-            self.backward(loss)
-            synchronize(sync)
-            t3 = time.perf_counter()
-            data, fwd, bwd = data + t1 - t0, fwd + t2 - t1, bwd + t3 - t2
+        with passes or contextlib.nullcontext():
+            for _ in range(self.grad_accum):
+                t0 = time.perf_counter()
+                batch = self.next_batch()
+                synchronize(sync)
+                t1 = time.perf_counter()
+                loss = self.forward(batch)
+                total_loss += float(loss.detach())
+                t2 = time.perf_counter()
+                self.backward(loss)
+                synchronize(sync)
+                t3 = time.perf_counter()
+                data, fwd, bwd = data + t1 - t0, fwd + t2 - t1, bwd + t3 - t2
         t4 = time.perf_counter()
         self.optimizer_step()
         synchronize(sync)

@@ -177,11 +177,14 @@ def profile_and_time(
             if checkpointing:
                 _checkpoint_all(runner)
             counterpart = _Counterpart(runner, steps)
-            timings = _timed_steps(runner, steps, warmup, report, between=counterpart.run)
+            counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+            timings = _timed_steps(runner, steps, warmup, report, between=counterpart.run,
+                                   counter=counter)  # fmt: skip
             own = timings.summary()
             bf16_over_fp32, bf16_reason = counterpart.ratio(own.forward + own.backward)
             memory, samples_seen = _measure_memory(runner, report)
-            compute = _measure_compute(runner, checkpointing)
+            counted = float(counter.get_total_flops()) / runner.grad_accum if warmup else None
+            compute = _measure_compute(runner, checkpointing, counted)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             what = f"{precision}{', every block checkpointed' if checkpointing else ''}"
             raise OutOfMemory(model_path, batch_size, what, device_obj, exc) from None
@@ -278,14 +281,16 @@ class _Timings:
 def _timed_steps(
     runner: TrainRunner, steps: int, warmup: int, report: Progress,
     between: Callable[[StepTiming | None], None] | None = None,
+    counter: FlopCounterMode | None = None,
 ) -> _Timings:  # fmt: skip
     """``warmup`` steps, then ``steps`` timed ones; ``between`` (where given) runs after the
     warm-up (with its last step, ``None`` where none ran) and after each timed step (with it),
-    outside the steps' own timings."""
+    outside the steps' own timings. The first warm-up step's forward and backward passes run
+    under ``counter`` (where given): their FLOPs, counted where no timing is kept."""
     last: StepTiming | None = None
     for index in range(warmup):
         report("warm-up", index, warmup)
-        last = runner.step()
+        last = runner.step(passes=counter if index == 0 else None)
     report("warm-up", warmup, warmup)
     if between is not None:
         between(last)
@@ -555,9 +560,10 @@ def _count_flops(runner: TrainRunner) -> float:
     return float(counter.get_total_flops())
 
 
-def _measure_compute(runner: TrainRunner, checkpointing: bool) -> Compute:
-    """Hardware FLOPs as run; model FLOPs with checkpointing off (no recomputation)."""
-    hardware = _count_flops(runner)
+def _measure_compute(runner: TrainRunner, checkpointing: bool, counted: float | None) -> Compute:
+    """Hardware FLOPs as run (``counted`` in the warm-up where it ran, else a pass counted now);
+    model FLOPs with checkpointing off (no recomputation)."""
+    hardware = counted if counted is not None else _count_flops(runner)
     model_flops = hardware
     if checkpointing:
         apply_checkpointing(runner.model, 0)

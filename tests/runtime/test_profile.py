@@ -163,6 +163,53 @@ def test_grad_accum_runs_micro_batches(examples_dir: Path) -> None:
     assert len(calls) == 3 and timing.total >= timing.forward + timing.backward
 
 
+MATMUL_OPTIMIZER = """
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def build_batch(batch_size):
+    return torch.randn(batch_size, 8), torch.randn(batch_size, 1)
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+class Orthogonal(torch.optim.SGD):  # a step with matrix products in it, as Muon's has
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.grad.dim() == 2:
+                    p.grad.copy_(p.grad @ p.grad.T @ p.grad)
+        return super().step(closure)
+
+
+def build_optimizer(params):
+    return Orthogonal(params, lr=1e-3)
+"""
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_a_steps_flops_are_its_forward_and_backward_products_with_or_without_warm_up(
+    tmp_path: Path, warmup: int
+) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(MATMUL_OPTIMIZER)
+    record = profile(path, batch_size=4, steps=1, warmup=warmup, device="cpu")
+    # By hand, 2 FLOPs a multiply-add at batch B: forward 2*B*8*8 + 2*B*8*1; backward, the
+    # second layer's input and weight gradients 2*B*8 each, the first layer's weight gradient
+    # 2*B*8*8 (its input needs none). The optimizer's products are no model FLOPs.
+    by_hand = 4 * (2 * 8 * 8 + 2 * 8 + 2 * 8 + 2 * 8 + 2 * 8 * 8)
+    assert record.compute.flops_per_step == record.compute.hardware_flops_per_step == by_hand
+
+
 @pytest.mark.slow
 def test_tiny_llama_profile(examples_dir: Path) -> None:
     record = profile(
