@@ -105,8 +105,8 @@ LEAVES_A_LOCK = MODEL.replace(
     "    if os.environ.get('RANK') == '0' and os.path.exists(flag):  # the first trial only\n"
     "        os.remove(flag)\n"
     "        ext = os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'deepspeed_shm_comm')\n"
-    "        open(os.path.join(ext, 'lock'), 'w').close()  # as a start killed mid-check\n"
-    "        raise RuntimeError('injected: a DeepSpeed start ended holding the build lock')\n",
+    "        open(os.path.join(ext, 'lock'), 'w').close()  # as a build killed midway\n"
+    "        raise RuntimeError('injected: a build ended holding its lock')\n",
 )
 
 
