@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _models import TINY_MLP_FILE
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
@@ -163,23 +164,9 @@ def test_grad_accum_runs_micro_batches(examples_dir: Path) -> None:
     assert len(calls) == 3 and timing.total >= timing.forward + timing.backward
 
 
-MATMUL_OPTIMIZER = """
-import torch
-from torch import nn
-
-
-def build_model():
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-
-
-def build_batch(batch_size):
-    return torch.randn(batch_size, 8), torch.randn(batch_size, 1)
-
-
-def loss_fn(model, batch):
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
-
+MATMUL_OPTIMIZER = (
+    TINY_MLP_FILE
+    + """
 
 class Orthogonal(torch.optim.SGD):  # a step with matrix products in it, as Muon's has
     @torch.no_grad()
@@ -194,6 +181,7 @@ class Orthogonal(torch.optim.SGD):  # a step with matrix products in it, as Muon
 def build_optimizer(params):
     return Orthogonal(params, lr=1e-3)
 """
+)
 
 
 @pytest.mark.parametrize("warmup", [0, 1, 2])
