@@ -30,7 +30,6 @@ __all__ = [
     "stale_locks",
 ]
 
-_OP = "deepspeed_shm_comm"
 _RECHECK_S = 0.3
 
 
@@ -141,10 +140,15 @@ def skip_comm_op() -> None:
     a training run runs, and a fresh machine neither pays the build nor waits on its lock.
     DeepSpeed keeps the ops it found compatible in ``deepspeed.ops.__compatible_ops__``, one
     dict for the process that its backend reads: the op is marked there as not to be built.
+    Where the accelerator has no such op (a GPU's), as DeepSpeed's backend does, nothing is
+    read: reading that dict first probes every op, compilers and GPUs included.
     """
     import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
-    deepspeed.ops.__compatible_ops__[_OP] = False
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def recover_build_locks(env: Mapping[str, str]) -> None:

@@ -1,6 +1,7 @@
 """torch's extension build locks and DeepSpeed's CPU comm op, in real processes: a lock no process
 holds is cleared and a held one is kept; a lock left mid-study is cleared before the next worker
-group starts; a 2-rank DeepSpeed tune in an empty extensions folder builds nothing there.
+group starts; a 2-rank DeepSpeed tune in an empty extensions folder builds nothing there; where an
+accelerator has no comm op (a GPU's), keeping it out probes nothing.
 
 Every experiment runs in a folder of its own (``TORCH_EXTENSIONS_DIR``), never in the one other
 runs share.
@@ -124,3 +125,38 @@ def test_a_lock_left_mid_study_is_cleared_before_the_next_group_starts(tmp_path:
     record = json.loads(done.stdout)
     outcomes = [t["outcome"] for t in record["trials"] if t["outcome"]]
     assert outcomes[0] == "crash" and "ok" in outcomes[1:], outcomes
+
+
+def test_a_cpu_deepspeed_backend_started_after_skip_comm_op_builds_no_op() -> None:
+    from deepspeed.comm.torch import build_shm_op
+
+    from autotune.runtime.extensions import skip_comm_op
+
+    skip_comm_op()
+    assert build_shm_op() is None  # DeepSpeed's own step at its backend's start: nothing loaded
+
+
+NO_SHM_ACCELERATOR = """
+import deepspeed.accelerator
+import deepspeed.ops
+
+
+class Gpu:  # an accelerator with no shared-memory comm op, as CUDA's
+    def create_op_builder(self, name):
+        return None
+
+
+deepspeed.accelerator.get_accelerator = Gpu
+from autotune.runtime.extensions import skip_comm_op
+
+before = "__compatible_ops__" in vars(deepspeed.ops)
+skip_comm_op()
+print(before, "__compatible_ops__" in vars(deepspeed.ops))
+"""
+
+
+def test_where_the_accelerator_has_no_comm_op_skip_comm_op_probes_no_op() -> None:
+    done = subprocess.run([sys.executable, "-c", NO_SHM_ACCELERATOR], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "DS_ACCELERATOR": "cpu"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False"]  # the probe (compilers, GPUs) never ran
