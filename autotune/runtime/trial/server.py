@@ -32,7 +32,7 @@ from autotune.records import (
     write_record,
 )
 from autotune.runtime.trial.lifeline import die_with_parent
-from autotune.runtime.trial.steps import MemoryWatch, ranks, shut_down
+from autotune.runtime.trial.steps import MemoryWatch, exit_now, ranks, shut_down
 from autotune.runtime.trial.worker import _iter_lines, run_trial
 
 POLL_S = 0.02
@@ -110,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # told to stop (the group left together), idle, or after a failed trial
