@@ -17,7 +17,7 @@ from autotune.runtime.trial.steps import (
     MemoryWatch,
     Steps,
     cuda_peak,
-    leave_ranks,
+    exit_now,
     live_peak,
     load_cached,
     ranks,
@@ -161,7 +161,7 @@ def _iter_lines(exc: BaseException) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m autotune.runtime.trial.worker SPEC.json``: exit 0 with a result file, else 1
-    (run as a program, 0 comes without the interpreter's teardown: :func:`leave_ranks`)."""
+    (run as a program, without the interpreter's teardown: :func:`exit_now`)."""
     die_with_parent()  # a rank under torchrun: die with torchrun, which dies with tune
     args = sys.argv[1:] if argv is None else argv
     spec = read_record(args[0], WorkerSpec, "trial spec")
@@ -193,7 +193,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    if code == 0:  # the result is written: a rank that aborts at exit would fail the launch
-        leave_ranks()  # the group is left already; exits 0 at once
-    sys.exit(code)
+    # A result is written either way (on 0 the group is left already): a rank that aborted in
+    # the interpreter's teardown would fail a launch that measured.
+    exit_now(main())
