@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 
 from autotune.records import EXTENSIONS_DIR
 
@@ -28,6 +29,7 @@ __all__ = [
     "recover_build_locks",
     "skip_comm_op",
     "stale_locks",
+    "trial_deepspeed",
 ]
 
 _RECHECK_S = 0.3
@@ -128,6 +130,14 @@ def clear_stale_locks(root: Path) -> list[Path]:
 
 def _say(message: str) -> None:
     print(f"autotune: {message}", file=sys.stderr, flush=True)
+
+
+def trial_deepspeed() -> ModuleType:
+    """``deepspeed``, imported for a trial: its comm op kept out (:func:`skip_comm_op`)."""
+    import deepspeed
+
+    skip_comm_op()
+    return deepspeed
 
 
 def skip_comm_op() -> None:

@@ -177,7 +177,7 @@ def profile_and_time(
             if checkpointing:
                 _checkpoint_all(runner)
             counterpart = _Counterpart(runner, steps)
-            counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+            counter = _flop_counter()
             timings = _timed_steps(runner, steps, warmup, report, between=counterpart.run,
                                    counter=counter)  # fmt: skip
             own = timings.summary()
@@ -549,10 +549,15 @@ def _activation_fit(runner: TrainRunner, measured: mem.SavedTensors) -> Activati
     return ActivationFit(**fit)
 
 
+def _flop_counter() -> FlopCounterMode:
+    """torch's FLOP counter with autotune's attention formulas."""
+    return FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+
+
 def _count_flops(runner: TrainRunner) -> float:
     """FLOPs of one forward + backward (the optimizer's are not model FLOPs)."""
     batch = runner.next_batch()
-    counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+    counter = _flop_counter()
     with counter:
         loss = runner.forward(batch)
         runner.backward(loss)

@@ -32,15 +32,14 @@ def _cast_floats(batch: Any, dtype: Any) -> Any:
 
 
 def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
-    import deepspeed
     import torch
 
     from autotune.emit import emit_deepspeed_config
     from autotune.runtime._blocks import apply_checkpointing
     from autotune.runtime._device import synchronize
-    from autotune.runtime.extensions import skip_comm_op
+    from autotune.runtime.extensions import trial_deepspeed
 
-    skip_comm_op()
+    deepspeed = trial_deepspeed()
 
     plan = spec.plan
     model_file = load_cached(spec.settings.model_file)
@@ -139,7 +138,7 @@ def _clear_caches(fn: Any, depth: int = 3) -> None:
 
 def warm_launcher(spec: WorkerSpec) -> TrialResult:
     """Start DeepSpeed once on a throw-away model: its imports and its communication backend
-    (without the CPU comm op no trial uses: :func:`autotune.runtime.extensions.skip_comm_op`).
+    (without the CPU comm op no trial uses: :func:`autotune.runtime.extensions.trial_deepspeed`).
 
     A plan that needs no DeepSpeed only imports torch (a live worker keeps it imported).
     """
@@ -148,12 +147,9 @@ def warm_launcher(spec: WorkerSpec) -> TrialResult:
     world = ranks()[1]
     if not (spec.plan.uses_deepspeed or world > 1):
         return TrialResult(engine="none")
-    import deepspeed
+    from autotune.runtime.extensions import trial_deepspeed
 
-    from autotune.runtime.extensions import skip_comm_op
-
-    skip_comm_op()
-
+    deepspeed = trial_deepspeed()
     model = torch.nn.Linear(4, 4)
     config = {
         "train_batch_size": world,
