@@ -218,6 +218,7 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
     ``entry["seconds"]`` keeps each ok round's seconds per step and ``entry["peaks"]`` its peak
     (the largest rank's bytes), by plan JSON. Returns why each plan that failed this time did.
     """
+    from autotune.estimator import engine_keys
     from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import PoolRunner, TrialSettings
     from autotune.search._outcome import classify_outcome
@@ -227,14 +228,30 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
     print(f"{len(plans)} plans, {todo} trials to run ({len(plans) * args.rounds - todo} kept in "
           f"{args.measurements})", flush=True)  # fmt: skip
     failed: dict[str, str] = {}
-    if not todo:
+    keys = engine_keys(plans)
+    measured = {cost["engine"] for cost in (entry.get("link") or {}).get("engine_costs", [])}
+    if not todo and set(keys) <= measured:
         return failed
     settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu",
-                             timeout_s=args.timeout)  # fmt: skip
+                             timeout_s=args.timeout, engine_costs=keys)  # fmt: skip
     done = 0
     with tempfile.TemporaryDirectory() as tmp, PoolRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp)) as pool:  # fmt: skip
         print(f"worker group of {args.nproc_per_node} ranks started in "
               f"{pool.warm_up(plans[:1], settings):.0f} s", flush=True)  # fmt: skip
+        if not set(keys) <= measured:  # the kept link predates these engines' costs
+            print(f"the link and {len(keys)} engines' own costs, after a trial of "
+                  f"{plans[0].describe()} ... ", end="", flush=True)  # fmt: skip
+            result = pool.run(plans[0], settings).result
+            if result is None or result.link is None:
+                _refuse("the calibration trial swept no link")
+            swept = result.link.model_dump(mode="json")
+            if entry.get("link"):  # the link swept with the measurements stays theirs
+                swept = {**entry["link"], "engine_costs": swept["engine_costs"]}
+            entry["link"] = swept
+            print(_link(result.link), flush=True)
+            _save(args.measurements, kept)
+        if entry.get("link"):  # kept, or just swept: the trials need not sweep again
+            settings = settings.model_copy(update={"sweep_link": False, "engine_costs": []})
         for index in range(args.rounds):
             shift = index % len(plans)
             for plan in plans[shift:] + plans[:shift]:
@@ -257,7 +274,7 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
                 runs.append(result.step_time)
                 if result.peak is not None:
                     peaks.setdefault(key, []).append(result.peak)
-                if entry.get("link") is None and result.link is not None:
+                if not entry.get("link") and result.link is not None:
                     entry["link"] = result.link.model_dump(mode="json")
                     print(f"link swept by the ranks: {_link(result.link)}")
                 _save(args.measurements, kept)

@@ -197,20 +197,21 @@ def plan_link(machine: Machine, plan: Plan) -> Link | None:
     )  # fmt: skip
     if gbps is not None:
         return Link(0.0, gbps * 1e9 / 8.0, f"given {flag}")
-    if machine.link is not None:
-        measured = machine.link
-        return Link(
-            measured.latency_s,
-            measured.bandwidth_bytes_per_s,
-            by_collective={
-                name: (f.latency_s, f.bandwidth_bytes_per_s)
-                for name, f in measured.collectives.items()
-            },  # fmt: skip
-            points=swept_points(measured),
-            source=f"measured link sweep ({measured.world_size} ranks, {measured.backend}: "
-            f"{measured.latency_s * 1e6:.0f} us + {measured.gbps:.3g} Gbit/s bus)",
-        )
-    return None
+    return None if machine.link is None else measured_link(machine.link)
+
+
+def measured_link(measured: LinkMeasure) -> Link:
+    """The link a sweep measured: its fits, and its points by size."""
+    return Link(
+        measured.latency_s,
+        measured.bandwidth_bytes_per_s,
+        by_collective={
+            name: (f.latency_s, f.bandwidth_bytes_per_s) for name, f in measured.collectives.items()
+        },  # fmt: skip
+        points=swept_points(measured),
+        source=f"measured link sweep ({measured.world_size} ranks, {measured.backend}: "
+        f"{measured.latency_s * 1e6:.0f} us + {measured.gbps:.3g} Gbit/s bus)",
+    )
 
 
 def swept_points(measured: LinkMeasure) -> dict[str, tuple[tuple[float, float], ...]]:

@@ -14,6 +14,7 @@ from autotune.estimator import _costmodel as cm
 from autotune.estimator import _zero as zero
 from autotune.estimator._claims import Claim, ClaimCheck, check_claim, plan_train_days
 from autotune.estimator._comm import step_communication
+from autotune.estimator._engine_cost import engine_seconds
 from autotune.estimator._modelfacts import (
     ActivationSpec,
     Baseline,
@@ -385,9 +386,13 @@ def estimate_plan(
         )
     ref = facts.baseline.plan if facts.baseline else (reference or plan)
     host_step = _host_optimizer_seconds(facts, plan)
+    tensors = len(facts.parameter_sizes) if facts.parameter_sizes is not None else None
+    engine_s, engine_note = engine_seconds(plan, machine.link, tensors, facts.num_layers)
     ratio, seconds, time_source, time_note = _step_ratio(
-        facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0), host_step
+        facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0) + engine_s, host_step
     )
+    if engine_note and time_source == "measured":
+        notes.append(engine_note)
     share = cpu_core_share(facts, plan)
     if share != 1.0 and time_source == "measured":
         notes.append(

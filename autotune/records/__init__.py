@@ -18,7 +18,7 @@ from autotune.records._io import (
     validate_record,
     write_record,
 )
-from autotune.records._link import Collective, LinkFit, LinkMeasure, LinkPoint
+from autotune.records._link import Collective, EngineCost, LinkFit, LinkMeasure, LinkPoint
 from autotune.records._machine import DEFAULT_MARGIN, BudgetSource, Machine, available_memory
 from autotune.records._options import (
     FRONT_SIZE,
@@ -121,6 +121,7 @@ __all__ = [
     "stop_path",
     "BudgetSource",
     "Collective",
+    "EngineCost",
     "LinkFit",
     "LinkMeasure",
     "LinkPoint",

@@ -33,6 +33,26 @@ class LinkFit(Record):
     bandwidth_bytes_per_s: float = Field(gt=0, description="fitted bus bandwidth")
 
 
+class EngineCost(Record):
+    """The seconds an engine's own code adds to a step on these ranks beyond what the time
+    model counts (the compute a profile measures, the collectives :mod:`autotune.estimator._comm`
+    times): its hooks, bucketing and bookkeeping. Measured on a stack of one-matrix blocks at
+    two depths (:mod:`autotune.runtime.trial.engine_cost`), each figure fitted as ``fixed +
+    per_unit * units``; a unit is a parameter tensor under DeepSpeed and a sharded module
+    (each block, and the root) under FSDP2."""
+
+    engine: str = Field(
+        description="the engine key: deepspeed-<stage>-<fp32|bf16> or "
+        "fsdp2-<2|3>-<fp32|bf16> (autotune.estimator.engine_key)"
+    )
+    micro_fixed_s: float = Field(description="per micro-batch, whatever the model")
+    micro_per_unit_s: float = Field(ge=0, description="per micro-batch, per unit")
+    step_fixed_s: float = Field(description="per optimizer step (the accumulation boundary)")
+    step_per_unit_s: float = Field(ge=0, description="per optimizer step, per unit")
+    units: list[int] = Field(description="the stack depths measured (units at each)")
+    steps: int = Field(ge=1, description="timed optimizer steps at each depth")
+
+
 class LinkMeasure(Record):
     """Latency and bus bandwidth fitted to a sweep of collectives over a process group.
 
@@ -51,6 +71,15 @@ class LinkMeasure(Record):
         default_factory=dict, description="each collective's own fit, where it was swept"
     )
     points: list[LinkPoint]
+    engine_costs: list[EngineCost] = Field(
+        default_factory=list,
+        description="what each engine's own code adds per micro-batch and per step on these "
+        "ranks, measured after the sweep (none where not asked for)",
+    )
+
+    def engine_cost(self, key: str) -> EngineCost | None:
+        """The measured cost of the engine ``key`` (``None``: not measured)."""
+        return next((cost for cost in self.engine_costs if cost.engine == key), None)
 
     @property
     def gbps(self) -> float:

@@ -74,6 +74,11 @@ class TrialSettings(_Record):
         description="sweep the link between the ranks after the steps (False: the study has a "
         "link already, or the run is a comparison's)",
     )
+    engine_costs: list[str] = Field(
+        default_factory=list,
+        description="engines whose own per-step cost the sweep also measures "
+        "(autotune.estimator.engine_key); only with sweep_link",
+    )
 
 
 class WorkerSpec(_Record):

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autotune.estimator import engine_keys
 from autotune.records import (
     LinkMeasure,
     Machine,
@@ -97,6 +98,11 @@ class _Search:
         self.code_decided = False
         self.code_dropped = False
         self._predictions: dict[Plan, Prediction] = {}
+        if relink is not None and settings.sweep_link and not settings.engine_costs:
+            # the link's sweep also measures the engines of the plans that may run (~1 s each)
+            runnable = [plan for plan in space.all_plans()
+                        if (found := self.prediction(plan)) is None or found.fits]  # fmt: skip
+            self.settings = settings.model_copy(update={"engine_costs": engine_keys(runnable)})
 
     def learn_link(self, records: list[TrialRecord], notes: list[str]) -> None:
         """Once a multi-rank trial has swept the link between its ranks, predict every plan

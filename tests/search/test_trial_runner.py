@@ -266,7 +266,9 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     env = {"OMP_NUM_THREADS": "1", "TMPDIR": str(system_tmp)}
     runner = SubprocessRunner(entry_points=ENTRY_POINTS, env=env, workdir=tmp_path / "trials")
     plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2, nproc_per_node=2)
-    settings = _settings(model, timeout_s=300)
+    # the link's sweep also measures two engines' own costs (not this plan's: any engine runs
+    # on the stack the group builds for it)
+    settings = _settings(model, timeout_s=300, engine_costs=["deepspeed-3-bf16", "fsdp2-3-fp32"])
     report = runner.run(plan, settings)
     result = report.result
     outcome = classify_outcome(report.returncode, report.timed_out, result, report.stderr_tail)
@@ -295,6 +297,12 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     # the points times it
     assert link.bandwidth_bytes_per_s > 0 and link.collectives
     assert set(link.collectives) <= {"all_reduce", "all_gather", "reduce_scatter"}
+    # each engine asked for, at the two depths: DeepSpeed's units are the stack's tensors,
+    # FSDP2's its sharded modules (each block and the root)
+    assert [c.engine for c in link.engine_costs] == ["deepspeed-3-bf16", "fsdp2-3-fp32"]
+    assert [c.units for c in link.engine_costs] == [[4, 16], [5, 17]]
+    assert all(c.steps == 4 and c.micro_per_unit_s >= 0 and c.step_per_unit_s >= 0
+               and math.isfinite(c.micro_fixed_s + c.step_fixed_s) for c in link.engine_costs)  # fmt: skip
     # a run of a study that has its link and the plan's peak (a comparison's re-run): neither
     # is measured again, the steps are
     again = runner.run(plan, settings.model_copy(update={"measure_peak": False,

@@ -356,9 +356,11 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
     link = link_measure(points, 2, "gloo")
 
     sweeps: list[bool] = []
+    engines: list[list[str]] = []
 
     def swept(plan: Plan, s: TrialSettings) -> TrialResult:
         sweeps.append(s.sweep_link)
+        engines.append(s.engine_costs)
         return behaviour(plan, s).model_copy(update={"link": link if s.sweep_link else None})
 
     relinked: list[LinkMeasure] = []
@@ -379,6 +381,27 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
     assert any(f"swept after trial {first.number}" in note for note in record.notes)
     # one sweep is used, so the trials after it and the comparison's runs sweep none
     assert sweeps[0] and not any(sweeps[1:]) and len(sweeps) > 1
+    # the sweep also measures the engines of the plans that may run: every stage fits this
+    # memory model, and fp32 is the space's one precision
+    assert engines[0] == [f"deepspeed-{stage}-fp32" for stage in range(4)]
+
+
+def test_the_sweep_measures_no_engine_that_no_fitting_plan_runs(tmp_path: Path) -> None:
+    """ZeRO-3 predicted never to fit: its engine's cost is not measured."""
+    asked: list[list[str]] = []
+
+    def run(plan: Plan, s: TrialSettings) -> TrialResult:
+        asked.append(s.engine_costs)
+        return behaviour(plan, s)
+
+    def no_stage3(plan: Plan) -> Prediction:
+        found = predict(plan)
+        return dataclasses.replace(found, fits=found.fits and plan.zero_stage < 3)
+
+    run_tune("model.py", global_batch=16, settings=settings(tmp_path), runner=FakeRunner(run),
+             nproc=2, blocks=2, predict=no_stage3, relink=lambda link: no_stage3, trials=2,
+             storage=str(tmp_path / "s.db"), repeats=0)  # fmt: skip
+    assert asked[0] == [f"deepspeed-{stage}-fp32" for stage in range(3)]
 
 
 def _attention_runner(sdpa_speedup: float) -> FakeRunner:

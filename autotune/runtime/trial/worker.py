@@ -112,8 +112,11 @@ def run_trial(
     trial = deepspeed_trial if use_deepspeed else _torch_trial
     info = (_fsdp2_trial if plan.engine == "fsdp2" else trial)(spec, steps)
     from autotune.runtime.link import trial_link  # torch.distributed: only where a trial runs
+    from autotune.runtime.trial.engine_cost import with_engine_costs
 
     link = trial_link() if settings.sweep_link else None
+    if link is not None:  # the engines' own costs, on the link just swept
+        link = with_engine_costs(link, settings.engine_costs)
     peaks = _peaks(info, watch, settings.measure_peak)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time

@@ -1,0 +1,180 @@
+"""Measure what each engine's own code adds to a step on the ranks of a live process group:
+DeepSpeed's or FSDP2's, on a stack of one-matrix blocks at two depths, less the stack's own
+compute (timed here in plain torch) and the collectives the time model counts on the swept
+link (:mod:`autotune.estimator._engine_cost`)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autotune.estimator import STACK_WIDTH, engine_units, fit_engine_cost, stack_communication
+from autotune.estimator import stack_plan as _stack_plan
+from autotune.records import EngineCost, LinkMeasure
+
+DEPTHS = (4, 16)
+"""Blocks of the two stacks: few enough that the stacks cost under a second an engine, far
+enough apart that the per-unit part shows (ZeRO-3: ~0.4 ms a tensor a micro-batch on a
+2-core CPU)."""
+STEPS = 4
+"""Timed optimizer steps at each depth, after one untimed."""
+GRAD_ACCUM = 3
+"""Micro-batches per step: the first two time a micro-batch, the last adds the boundary's."""
+
+
+class _Stack(nn.Module):
+    """``depth`` bias-free square matrices in a row: a block stack FSDP2 shards block by block."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Linear(STACK_WIDTH, STACK_WIDTH, bias=False) for _ in range(depth)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _device() -> torch.device:
+    """Where the group's tensors live: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _phases(micro: Callable[[bool], None], steps: int) -> tuple[float, float]:
+    """The slowest rank's median micro-batch and its boundary's extra seconds, over ``steps``
+    optimizer steps of :data:`GRAD_ACCUM` micro-batches after one untimed step."""
+    inner: list[float] = []
+    last: list[float] = []
+    device = _device()
+    for index in range(steps + 1):
+        dist.barrier()
+        for j in range(GRAD_ACCUM):
+            start = time.perf_counter()
+            micro(j == GRAD_ACCUM - 1)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if index:
+                (last if j == GRAD_ACCUM - 1 else inner).append(time.perf_counter() - start)
+    one = statistics.median(inner)
+    both = torch.tensor([one, statistics.median(last) - one], dtype=torch.float64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return float(both[0]), float(both[1])
+
+
+def _plain(depth: int, dtype: torch.dtype, steps: int) -> tuple[float, float]:
+    """The stack's own forward and backward, and its AdamW step, in plain torch."""
+    model = _Stack(depth).to(_device(), dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(1, STACK_WIDTH, dtype=dtype, device=_device())
+
+    def micro(boundary: bool) -> None:
+        loss = model(x).float().sum()
+        loss.backward()
+        float(loss)
+        if boundary:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return _phases(micro, steps)
+
+
+def _deepspeed(key: str, depth: int, steps: int) -> tuple[float, float]:
+    from autotune.emit import emit_deepspeed_config
+    from autotune.runtime.extensions import trial_deepspeed
+    from autotune.runtime.trial.deepspeed_engine import _forget
+
+    deepspeed = trial_deepspeed()
+    plan = _stack_plan(key, dist.get_world_size(), GRAD_ACCUM)
+    model = _Stack(depth)
+    config = emit_deepspeed_config(plan, world_size=plan.world_size,
+                                   parameters=depth * STACK_WIDTH**2).config  # fmt: skip
+    config["zero_allow_untested_optimizer"] = True  # as a trial runs it: a torch optimizer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    dtype = torch.bfloat16 if key.endswith("bf16") else torch.float32
+    x = torch.randn(1, STACK_WIDTH, dtype=dtype, device=engine.device)
+
+    def micro(boundary: bool) -> None:
+        loss = engine(x).float().sum()
+        engine.backward(loss)
+        engine.step()
+        float(loss)
+
+    try:
+        return _phases(micro, steps)
+    finally:
+        _forget(engine)
+
+
+def _fsdp2(key: str, depth: int, steps: int) -> tuple[float, float]:
+    from autotune.runtime.trial.fsdp2 import apply_fsdp2
+
+    plan = _stack_plan(key, dist.get_world_size(), GRAD_ACCUM)
+    device = _device()
+    model = _Stack(depth).to(device)
+    apply_fsdp2(model, plan, device.type)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(1, STACK_WIDTH, device=device)
+
+    def micro(boundary: bool) -> None:
+        loss = model(x).float().sum()
+        (loss / GRAD_ACCUM).backward()
+        float(loss)
+        if boundary:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return _phases(micro, steps)
+
+
+def measure(
+    keys: Sequence[str], link: LinkMeasure, depths: Sequence[int] = DEPTHS, steps: int = STEPS
+) -> list[EngineCost]:
+    """Each engine's own cost on these ranks (every rank must call this with the same keys).
+
+    At each depth: the engine's micro-batch and boundary (:func:`_phases`), less the plain
+    stack's and less the collectives the time model counts for the stack on ``link``; then
+    :func:`autotune.estimator.fit_engine_cost` over the depths.
+    """
+    costs = []
+    for key in keys:
+        run: Callable[[str, int, int], tuple[float, float]] = (
+            _fsdp2 if key.startswith("fsdp2") else _deepspeed
+        )
+        dtype = torch.bfloat16 if key.endswith("bf16") else torch.float32
+        micro, boundary, units = [], [], []
+        for depth in depths:
+            torch.manual_seed(0)
+            engine = run(key, depth, steps)
+            plain = _plain(depth, dtype, steps)
+            count = engine_units(_stack_plan(key, link.world_size, 1), depth, depth)
+            assert count is not None  # a stack's tensors are known
+            talk = stack_communication(key, count, link)
+            units.append(count)
+            micro.append(engine[0] - plain[0] - talk[0])
+            boundary.append(engine[1] - plain[1] - talk[1])
+        costs.append(fit_engine_cost(key, units, micro, boundary, steps))
+    return costs
+
+
+def with_engine_costs(link: LinkMeasure, keys: Sequence[str]) -> LinkMeasure:
+    """``link`` with the costs of ``keys`` measured (:func:`measure`); unchanged without keys,
+    or where the measuring fails (a line says why: the trial's result stands without them)."""
+    if not keys:
+        return link
+    try:
+        return link.model_copy(update={"engine_costs": measure(keys, link)})
+    except Exception as error:  # the same code on every rank: all get here
+        print(f"autotune: engines' own costs not measured ({type(error).__name__}: {error}); "
+              "the trial stands without them", file=sys.stderr, flush=True)  # fmt: skip
+        return link

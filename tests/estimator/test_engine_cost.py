@@ -1,0 +1,128 @@
+"""An engine's own cost per step: which engine a plan runs, the calibration stack's collectives
+(subtracted from what the stack measures), the fit over two depths, and its part in a plan's
+predicted seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.estimator import (
+    engine_key,
+    engine_keys,
+    engine_seconds,
+    estimate_plan,
+    facts_from_profile,
+    fit_engine_cost,
+    link_measure,
+    stack_communication,
+)
+from autotune.records import EngineCost, LinkMeasure, LinkPoint, Machine, parse_plan
+from tests._profiles import synthetic_profile
+
+LATENCY = 1e-3
+
+
+def _link(costs: list[EngineCost] | None = None) -> LinkMeasure:
+    """A 2-rank link of 1 ms a call whatever the size (bandwidth far above any stack's bytes)."""
+    points = [LinkPoint(collective=c, nbytes=size, seconds=LATENCY + size / 1e15,
+                        low=LATENCY, high=LATENCY + size / 1e15, repeats=1)
+              for c in ("all_reduce", "all_gather", "reduce_scatter")
+              for size in (2**16, 2**20)]  # fmt: skip
+    measure = link_measure(points, 2, "gloo")
+    return measure.model_copy(update={"engine_costs": costs or []})
+
+
+@pytest.mark.parametrize(
+    ("knobs", "key"),
+    [
+        ("stage=0,nproc_per_node=1", None),  # plain torch: no engine
+        ("precision=bf16,stage=0,nproc_per_node=1", "deepspeed-0-bf16"),
+        ("stage=0,nproc_per_node=2", "deepspeed-0-fp32"),
+        ("precision=amp_bf16,stage=2,nproc_per_node=2", "deepspeed-2-fp32"),  # fp32 weights
+        ("precision=fp16,stage=3,nproc_per_node=2", "deepspeed-3-bf16"),
+        ("engine=fsdp2,stage=2,nproc_per_node=2", "fsdp2-2-fp32"),
+        ("engine=fsdp2,precision=bf16,stage=3,nproc_per_node=2", "fsdp2-3-bf16"),
+        ("precision=bf16,stage=2,offload_optimizer=cpu,nproc_per_node=2", None),
+    ],
+)
+def test_each_plan_runs_one_engine(knobs: str, key: str | None) -> None:
+    assert engine_key(parse_plan(knobs)) == key
+
+
+def test_the_engines_of_a_set_of_plans_each_once_in_order() -> None:
+    plans = [parse_plan(k) for k in ("stage=3,nproc_per_node=2", "stage=0,nproc_per_node=1",
+                                     "stage=3,ga=2,nproc_per_node=2", "stage=0,nproc_per_node=2")]  # fmt: skip
+    assert engine_keys(plans) == ["deepspeed-3-fp32", "deepspeed-0-fp32"]
+
+
+# Per micro-batch and once per step, in calls of 1 ms, as the schedules counted in
+# tests/runtime/test_shaped_link.py issue them for a stack of one-matrix blocks (64 elements
+# each: under ZeRO-3's persistence threshold, so one gather stands for them all).
+@pytest.mark.parametrize(
+    ("key", "units", "micro_calls", "step_calls"),
+    [
+        ("deepspeed-0-fp32", 4, 0, 1),  # one all-reduce at the boundary
+        ("deepspeed-1-fp32", 4, 0, 2),  # ... and the updated parameters' all-gather
+        ("deepspeed-2-bf16", 16, 1, 1),  # an all-reduce every micro-batch, then the all-gather
+        ("deepspeed-3-fp32", 16, 2, 0),  # a gather and a reduce-scatter every micro-batch
+        # 4 blocks and the root: a gather per unit, each block's again in backward, a
+        # reduce-scatter per unit; without resharding no gather again
+        ("fsdp2-3-fp32", 5, 5 + 4 + 5, 0),
+        ("fsdp2-2-bf16", 5, 5 + 5, 0),
+    ],
+)
+def test_the_stacks_collectives_are_taken_out(
+    key: str, units: int, micro_calls: int, step_calls: int
+) -> None:
+    micro, step = stack_communication(key, units, _link())
+    assert micro == pytest.approx(micro_calls * LATENCY, abs=1e-9)
+    assert step == pytest.approx(step_calls * LATENCY, abs=1e-9)
+
+
+def test_the_cost_is_the_line_through_the_two_depths() -> None:
+    # 2 ms at 4 tensors, 8 ms at 16: 0.5 ms a tensor and nothing fixed; the step's 3 ms at both
+    cost = fit_engine_cost("deepspeed-3-fp32", [4, 16], [2e-3, 8e-3], [3e-3, 3e-3], steps=4)
+    assert cost.micro_per_unit_s == pytest.approx(5e-4)
+    assert cost.micro_fixed_s == pytest.approx(0.0, abs=1e-12)
+    assert cost.step_per_unit_s == pytest.approx(0.0, abs=1e-12)
+    assert cost.step_fixed_s == pytest.approx(3e-3)
+    # noise that makes the deeper stack cheaper: no negative slope, the mean stands
+    noisy = fit_engine_cost("deepspeed-0-fp32", [4, 16], [1e-3, 5e-4], [2e-3, 1e-3], steps=4)
+    assert (noisy.micro_per_unit_s, noisy.micro_fixed_s) == (0.0, pytest.approx(7.5e-4))
+    with pytest.raises(ValueError, match="two or more depths"):
+        fit_engine_cost("deepspeed-0-fp32", [4, 4], [1e-3, 1e-3], [0.0, 0.0], steps=4)
+
+
+COST = EngineCost(engine="deepspeed-3-bf16", micro_fixed_s=1e-3, micro_per_unit_s=5e-4,
+                  step_fixed_s=2e-3, step_per_unit_s=1e-4, units=[4, 16], steps=4)  # fmt: skip
+
+
+def test_a_plan_pays_its_engine_per_micro_batch_and_per_step() -> None:
+    plan = parse_plan("precision=bf16,stage=3,mb=1,ga=4,nproc_per_node=2")
+    seconds, note = engine_seconds(plan, _link([COST]), tensors=10, blocks=2)
+    # 4 micro-batches of 1 + 0.5 x 10 ms, and a step of 2 + 0.1 x 10 ms
+    assert seconds == pytest.approx(4 * 6e-3 + 3e-3)
+    assert note is not None and "27.0 ms per step" in note and "10 parameter tensors" in note
+    # another engine's cost is not this plan's
+    other = parse_plan("precision=bf16,stage=2,mb=1,ga=4,nproc_per_node=2")
+    seconds, note = engine_seconds(other, _link([COST]), tensors=10, blocks=2)
+    assert seconds == 0.0 and note is not None and "not measured" in note
+
+
+def test_the_estimate_adds_the_engines_cost_to_the_predicted_seconds() -> None:
+    facts = facts_from_profile(synthetic_profile(device="cpu", layers=12))
+    plan = parse_plan("engine=fsdp2,precision=fp32,stage=3,mb=2,ga=3,nproc_per_node=2")
+    # 1 ms a sharded module a micro-batch (12 blocks and the root), 50 ms a step
+    measured = EngineCost(engine="fsdp2-3-fp32", micro_fixed_s=0.0, micro_per_unit_s=1e-3,
+                          step_fixed_s=0.05, step_per_unit_s=0.0, units=[5, 17], steps=4)  # fmt: skip
+    without = estimate_plan(facts, plan, machine=Machine(nproc_per_node=2, link=_link()))
+    with_cost = estimate_plan(
+        facts, plan, machine=Machine(nproc_per_node=2, link=_link([measured]))
+    )
+    assert without.predicted_step_seconds is not None
+    assert with_cost.predicted_step_seconds == pytest.approx(
+        without.predicted_step_seconds + 3 * 13e-3 + 0.05
+    )
+    assert any("fsdp2-3-fp32 engine's own work: 89.0 ms" in n for n in with_cost.notes)
+    assert any("13 sharded modules" in n for n in with_cost.notes)
+    assert any("not measured here" in n for n in without.notes)
