@@ -429,8 +429,8 @@ def _ranking_lines(record: EstimateRecord, ranked_rows: bool, top: int | None) -
             "s/step: predicted seconds per optimizer step; samples/s/dev: samples each device "
             "trains per second (micro-batch x accumulation / s/step); – where not predicted",
             f"s/step's interval: x{low:g} to x{high:g} of it (where 8 in 10 plans measured in "
-            "bench/step_time.py on GPT-2 small fell; a small model's engine overheads put its "
-            "plans above; each plan's in --json)",
+            "bench/step_time.py on GPT-2 small fell; a small model's accumulated micro-batches of "
+            "one sample fall above; each plan's in --json)",
         ]
     else:
         lines = [

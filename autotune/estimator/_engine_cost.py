@@ -1,13 +1,15 @@
 """What an engine's own code adds to a step: DeepSpeed's hooks and bookkeeping, FSDP2's
-per-module hooks. Neither a profile (plain torch) nor the collectives' count sees it, and on a
-small model it is most of the difference between them and a measured step: on tiny Llama,
-ZeRO-3's step took twice what its compute and collectives predict.
+per-module hooks and its optimizer step over DTensors. Neither a profile (plain torch) nor the
+collectives' count sees it, and on a small model it is most of the difference between them and a
+measured step: on tiny Llama, ZeRO-3's step took twice what its compute and collectives predict.
 
-It is measured on the ranks themselves (``autotune.runtime.trial.engine_cost``): each engine runs a
-stack of one-matrix blocks at two depths, and what its micro-batches and its optimizer step take
-beyond the stack's own compute and the collectives :mod:`._comm` times is fitted as ``fixed +
-per_unit * units``. A unit is what the engine's hooks are per: a parameter tensor under
-DeepSpeed, a sharded module (each block of the stack, and the root) under FSDP2. Pure: no torch.
+It is measured on the ranks themselves (``autotune.runtime.trial.engine_cost``): each engine runs
+stacks of small bias-free matrices, and what its micro-batches and its optimizer step take beyond
+the stack's own compute and the collectives :mod:`._comm` times is fitted as ``fixed +
+per_tensor * tensors (+ per_module * sharded modules)``, each slope at 0 or above. DeepSpeed's
+hooks are per parameter tensor: two stacks of one-matrix blocks, 4 and 16 deep. FSDP2's are per
+sharded module (each block, and the root) and per tensor (its copies and its DTensor optimizer
+step): a third stack of 4 blocks of 8 matrices tells the two apart. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ from autotune.estimator._comm import collective_seconds, measured_link, step_cal
 from autotune.records import EngineCost, LinkMeasure, Plan
 
 STACK_WIDTH = 8
-"""The calibration stack's blocks: one bias-free ``STACK_WIDTH`` x ``STACK_WIDTH`` matrix each,
-so compute and bytes are negligible and the engine's own work is what is left."""
+"""The calibration stacks' matrices: ``STACK_WIDTH`` x ``STACK_WIDTH``, bias-free, so compute
+and bytes are negligible and the engine's own work is what is left."""
+
+DEEPSPEED_STACKS = ((4, 1), (16, 1))
+"""(blocks, matrices per block) of the stacks DeepSpeed runs: its cost per tensor shows between
+them (ZeRO-3: ~0.4 ms a tensor a micro-batch on a 2-core CPU)."""
+FSDP2_STACKS = ((4, 1), (16, 1), (4, 8))
+"""... and FSDP2's: the third has the first's modules and the second's tensors twice over."""
 
 
 def engine_key(plan: Plan) -> str | None:
@@ -43,13 +51,15 @@ def engine_keys(plans: Sequence[Plan]) -> list[str]:
     return list(dict.fromkeys(key for key in map(engine_key, plans) if key is not None))
 
 
-def engine_units(plan: Plan, tensors: int | None, blocks: int) -> int | None:
-    """The units an engine's cost grows with for a model of ``tensors`` parameter tensors and
-    ``blocks`` blocks: the tensors under DeepSpeed (``None`` where unknown), the sharded
-    modules (the blocks and the root) under FSDP2."""
-    if plan.engine == "fsdp2":
-        return blocks + 1
-    return tensors
+def engine_stacks(key: str) -> tuple[tuple[int, int], ...]:
+    """The (blocks, matrices per block) stacks the calibration runs the engine ``key`` on."""
+    return FSDP2_STACKS if key.startswith("fsdp2") else DEEPSPEED_STACKS
+
+
+def sharded_modules(key: str, blocks: int) -> int:
+    """The modules whose hooks an engine runs per micro-batch beside its per-tensor ones: FSDP2's
+    sharded modules (each block, and the root); none under DeepSpeed."""
+    return blocks + 1 if key.startswith("fsdp2") else 0
 
 
 def stack_plan(key: str, world_size: int, grad_accum: int) -> Plan:
@@ -59,16 +69,19 @@ def stack_plan(key: str, world_size: int, grad_accum: int) -> Plan:
                 engine=engine, nproc_per_node=world_size)  # type: ignore[arg-type]  # fmt: skip
 
 
-def stack_communication(key: str, units: int, link: LinkMeasure) -> tuple[float, float]:
-    """Seconds of collectives the time model counts for the calibration stack of ``units``
-    blocks under ``key`` on ``link``: per micro-batch, and once per optimizer step."""
-    blocks = units - 1 if key.startswith("fsdp2") else units
+def stack_communication(
+    key: str, blocks: int, per_block: int, link: LinkMeasure
+) -> tuple[float, float]:
+    """Seconds of collectives the time model counts for a calibration stack of ``blocks`` blocks
+    of ``per_block`` matrices under ``key`` on ``link``: per micro-batch, and once per
+    optimizer step."""
     size = STACK_WIDTH * STACK_WIDTH
+    tensors = blocks * per_block
 
     def seconds(grad_accum: int) -> float:
         plan = stack_plan(key, link.world_size, grad_accum)
-        calls = step_calls(plan, blocks * size, [size] * blocks, blocks=blocks,
-                           block_parameters=size)  # fmt: skip
+        calls = step_calls(plan, tensors * size, [size] * tensors, blocks=blocks,
+                           block_parameters=per_block * size)  # fmt: skip
         width = cm.communicated_bytes_per_element(plan.precision)
         return collective_seconds(calls, link.world_size, width, measured_link(link))
 
@@ -77,54 +90,89 @@ def stack_communication(key: str, units: int, link: LinkMeasure) -> tuple[float,
 
 
 def fit_engine_cost(
-    key: str, units: Sequence[int], micro: Sequence[float], step: Sequence[float], steps: int
+    key: str,
+    stacks: Sequence[tuple[int, int]],
+    micro: Sequence[float],
+    step: Sequence[float],
+    steps: int,
 ) -> EngineCost:
-    """The line through each depth's seconds (``micro``: per micro-batch, ``step``: the
-    boundary's extra), least squares over the depths; a slope below zero (noise) is taken as 0
-    and the fixed part as the mean.
+    """Each figure (``micro``: a micro-batch's seconds, ``step``: the boundary's extra) over the
+    ``(blocks, matrices per block)`` stacks, fitted as ``fixed + per_tensor * tensors +
+    per_module * sharded modules`` by least squares, no slope below 0 (noise): a negative one
+    is dropped and the rest fitted again.
 
     Raises:
-        ValueError: fewer than two distinct depths.
+        ValueError: fewer distinct stacks than the fit has terms.
     """
-    if len(set(units)) < 2:
-        raise ValueError("an engine's cost needs the stack at two or more depths")
-    return EngineCost(engine=key, units=list(units), steps=steps,
-                      **dict(zip(("micro_fixed_s", "micro_per_unit_s"), _line(units, micro),
-                                 strict=True)),
-                      **dict(zip(("step_fixed_s", "step_per_unit_s"), _line(units, step),
-                                 strict=True)))  # fmt: skip
+    rows = [(float(blocks * per_block), float(sharded_modules(key, blocks)))
+            for blocks, per_block in stacks]  # fmt: skip
+    used = [0, 1] if key.startswith("fsdp2") else [0]
+    if len(set(rows)) < len(used) + 1:
+        raise ValueError(f"an engine's cost needs {len(used) + 1} or more distinct stacks")
+    micro_fit = _nonnegative_fit(rows, micro, used)
+    step_fit = _nonnegative_fit(rows, step, used)
+    return EngineCost(engine=key, steps=steps,
+                      blocks=[b for b, _ in stacks], per_block=[k for _, k in stacks],
+                      micro_fixed_s=micro_fit[0], micro_per_tensor_s=micro_fit[1],
+                      micro_per_module_s=micro_fit[2], step_fixed_s=step_fit[0],
+                      step_per_tensor_s=step_fit[1], step_per_module_s=step_fit[2])  # fmt: skip
 
 
-def _line(xs: Sequence[int], ys: Sequence[float]) -> tuple[float, float]:
-    """Intercept and slope of ``ys`` on ``xs`` by least squares, the slope kept at 0 or above."""
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
-    if slope < 0:
-        return mean_y, 0.0
-    return mean_y - slope * mean_x, slope
+def _nonnegative_fit(
+    rows: Sequence[tuple[float, float]], ys: Sequence[float], used: list[int]
+) -> tuple[float, float, float]:
+    """``(fixed, per_tensor, per_module)`` of ``ys`` on the ``used`` columns of ``rows``, by
+    least squares; while a slope is negative, its column is dropped and the rest refitted."""
+    while True:
+        coefficients = _least_squares([[1.0, *(row[i] for i in used)] for row in rows], ys)
+        negative = [i for i, c in zip(used, coefficients[1:], strict=True) if c < 0]
+        if not negative:
+            slopes = dict(zip(used, coefficients[1:], strict=True))
+            return coefficients[0], slopes.get(0, 0.0), slopes.get(1, 0.0)
+        used = [i for i in used if i != negative[0]]
+
+
+def _least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """The coefficients minimising the squared residuals of ``ys`` on the columns of ``xs``
+    (the normal equations, solved by Gauss-Jordan elimination: at most three columns here)."""
+    n = len(xs[0])
+    a = [[sum(r[i] * r[j] for r in xs) for j in range(n)]
+         + [sum(r[i] * y for r, y in zip(xs, ys, strict=True))] for i in range(n)]  # fmt: skip
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda row: abs(a[row][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        for row in range(n):
+            if row != col:
+                factor = a[row][col] / a[col][col]
+                a[row] = [v - factor * p for v, p in zip(a[row], a[col], strict=True)]
+    return [a[i][n] / a[i][i] for i in range(n)]
 
 
 def engine_seconds(
     plan: Plan, link: LinkMeasure | None, tensors: int | None, blocks: int
 ) -> tuple[float, str | None]:
-    """What the plan's engine adds to its step, and the note that says so: ``grad_accum``
-    micro-batches and one optimizer step of the measured cost at the model's units; 0 with
-    why, where the plan runs no engine, or nothing measured it."""
+    """What the plan's engine adds to its step for a model of ``tensors`` parameter tensors and
+    ``blocks`` blocks, and the note that says so: ``grad_accum`` micro-batches and one optimizer
+    step of the measured cost; 0 with why, where the plan runs no engine, or nothing measured it."""
     key = engine_key(plan)
     if key is None:
         return 0.0, None
     cost = link.engine_cost(key) if link is not None else None
-    units = engine_units(plan, tensors, blocks)
-    if cost is None or units is None:
+    if cost is None:
         return 0.0, f"the {key} engine's own per-step cost not included: not measured here"
-    micro = max(cost.micro_fixed_s + cost.micro_per_unit_s * units, 0.0)
-    boundary = max(cost.step_fixed_s + cost.step_per_unit_s * units, 0.0)
+    if tensors is None:
+        return 0.0, (f"the {key} engine's own per-step cost not included: the model's parameter "
+                     "tensors are not known")  # fmt: skip
+    modules = sharded_modules(key, blocks)
+    micro = max(cost.micro_fixed_s + cost.micro_per_tensor_s * tensors
+                + cost.micro_per_module_s * modules, 0.0)  # fmt: skip
+    boundary = max(cost.step_fixed_s + cost.step_per_tensor_s * tensors
+                   + cost.step_per_module_s * modules, 0.0)  # fmt: skip
     total = plan.grad_accum * micro + boundary
-    what = "parameter tensors" if plan.engine == "deepspeed" else "sharded modules"
+    what = f"{tensors} parameter tensors" + (f", {modules} sharded modules" if modules else "")
     return total, (
         f"the {key} engine's own work: {total * 1e3:.1f} ms per step ({plan.grad_accum} x "
         f"{micro * 1e3:.2f} ms per micro-batch + {boundary * 1e3:.2f} ms per optimizer step at "
-        f"{units} {what}), as measured on these ranks beyond the compute and the collectives "
-        "counted here"
+        f"{what}), as measured on these ranks beyond the compute and the collectives counted "
+        "here"
     )

@@ -36,21 +36,28 @@ class LinkFit(Record):
 class EngineCost(Record):
     """The seconds an engine's own code adds to a step on these ranks beyond what the time
     model counts (the compute a profile measures, the collectives :mod:`autotune.estimator._comm`
-    times): its hooks, bucketing and bookkeeping. Measured on a stack of one-matrix blocks at
-    two depths (:mod:`autotune.runtime.trial.engine_cost`), each figure fitted as ``fixed +
-    per_unit * units``; a unit is a parameter tensor under DeepSpeed and a sharded module
-    (each block, and the root) under FSDP2."""
+    times): its hooks, bucketing and bookkeeping. Measured on stacks of small matrices
+    (:mod:`autotune.runtime.trial.engine_cost`), each figure fitted as ``fixed + per_tensor *
+    parameter tensors + per_module * sharded modules`` (FSDP2's: each block, and the root;
+    none under DeepSpeed)."""
 
     engine: str = Field(
         description="the engine key: deepspeed-<stage>-<fp32|bf16> or "
         "fsdp2-<2|3>-<fp32|bf16> (autotune.estimator.engine_key)"
     )
     micro_fixed_s: float = Field(description="per micro-batch, whatever the model")
-    micro_per_unit_s: float = Field(ge=0, description="per micro-batch, per unit")
+    micro_per_tensor_s: float = Field(ge=0, description="per micro-batch, per parameter tensor")
+    micro_per_module_s: float = Field(
+        default=0.0, ge=0, description="per micro-batch, per sharded module"
+    )
     step_fixed_s: float = Field(description="per optimizer step (the accumulation boundary)")
-    step_per_unit_s: float = Field(ge=0, description="per optimizer step, per unit")
-    units: list[int] = Field(description="the stack depths measured (units at each)")
-    steps: int = Field(ge=1, description="timed optimizer steps at each depth")
+    step_per_tensor_s: float = Field(ge=0, description="per optimizer step, per parameter tensor")
+    step_per_module_s: float = Field(
+        default=0.0, ge=0, description="per optimizer step, per sharded module"
+    )
+    blocks: list[int] = Field(description="blocks of each stack measured")
+    per_block: list[int] = Field(description="matrices per block of each stack")
+    steps: int = Field(ge=1, description="timed optimizer steps on each stack")
 
 
 class LinkMeasure(Record):

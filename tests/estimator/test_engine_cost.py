@@ -56,45 +56,66 @@ def test_the_engines_of_a_set_of_plans_each_once_in_order() -> None:
 
 
 # Per micro-batch and once per step, in calls of 1 ms, as the schedules counted in
-# tests/runtime/test_shaped_link.py issue them for a stack of one-matrix blocks (64 elements
-# each: under ZeRO-3's persistence threshold, so one gather stands for them all).
+# tests/runtime/test_shaped_link.py issue them for a calibration stack of (blocks, matrices per
+# block), 64 elements a matrix: under ZeRO-3's persistence threshold, so one gather stands for
+# them all.
 @pytest.mark.parametrize(
-    ("key", "units", "micro_calls", "step_calls"),
+    ("key", "stack", "micro_calls", "step_calls"),
     [
-        ("deepspeed-0-fp32", 4, 0, 1),  # one all-reduce at the boundary
-        ("deepspeed-1-fp32", 4, 0, 2),  # ... and the updated parameters' all-gather
-        ("deepspeed-2-bf16", 16, 1, 1),  # an all-reduce every micro-batch, then the all-gather
-        ("deepspeed-3-fp32", 16, 2, 0),  # a gather and a reduce-scatter every micro-batch
+        ("deepspeed-0-fp32", (4, 1), 0, 1),  # one all-reduce at the boundary
+        ("deepspeed-1-fp32", (4, 1), 0, 2),  # ... and the updated parameters' all-gather
+        ("deepspeed-2-bf16", (16, 1), 1, 1),  # an all-reduce every micro-batch, then the gather
+        ("deepspeed-3-fp32", (16, 1), 2, 0),  # a gather and a reduce-scatter every micro-batch
         # 4 blocks and the root: a gather per unit, each block's again in backward, a
-        # reduce-scatter per unit; without resharding no gather again
-        ("fsdp2-3-fp32", 5, 5 + 4 + 5, 0),
-        ("fsdp2-2-bf16", 5, 5 + 5, 0),
+        # reduce-scatter per unit, whatever the matrices in a block; no gather again without
+        # resharding
+        ("fsdp2-3-fp32", (4, 1), 5 + 4 + 5, 0),
+        ("fsdp2-3-fp32", (4, 8), 5 + 4 + 5, 0),
+        ("fsdp2-2-bf16", (16, 1), 17 + 17, 0),
     ],
 )
 def test_the_stacks_collectives_are_taken_out(
-    key: str, units: int, micro_calls: int, step_calls: int
+    key: str, stack: tuple[int, int], micro_calls: int, step_calls: int
 ) -> None:
-    micro, step = stack_communication(key, units, _link())
+    micro, step = stack_communication(key, *stack, _link())
     assert micro == pytest.approx(micro_calls * LATENCY, abs=1e-9)
     assert step == pytest.approx(step_calls * LATENCY, abs=1e-9)
 
 
-def test_the_cost_is_the_line_through_the_two_depths() -> None:
+def test_deepspeeds_cost_is_the_line_through_its_two_stacks() -> None:
     # 2 ms at 4 tensors, 8 ms at 16: 0.5 ms a tensor and nothing fixed; the step's 3 ms at both
-    cost = fit_engine_cost("deepspeed-3-fp32", [4, 16], [2e-3, 8e-3], [3e-3, 3e-3], steps=4)
-    assert cost.micro_per_unit_s == pytest.approx(5e-4)
+    stacks = [(4, 1), (16, 1)]
+    cost = fit_engine_cost("deepspeed-3-fp32", stacks, [2e-3, 8e-3], [3e-3, 3e-3], steps=4)
+    assert cost.micro_per_tensor_s == pytest.approx(5e-4)
     assert cost.micro_fixed_s == pytest.approx(0.0, abs=1e-12)
-    assert cost.step_per_unit_s == pytest.approx(0.0, abs=1e-12)
+    assert cost.step_per_tensor_s == pytest.approx(0.0, abs=1e-12)
     assert cost.step_fixed_s == pytest.approx(3e-3)
+    assert cost.micro_per_module_s == cost.step_per_module_s == 0.0  # none under DeepSpeed
     # noise that makes the deeper stack cheaper: no negative slope, the mean stands
-    noisy = fit_engine_cost("deepspeed-0-fp32", [4, 16], [1e-3, 5e-4], [2e-3, 1e-3], steps=4)
-    assert (noisy.micro_per_unit_s, noisy.micro_fixed_s) == (0.0, pytest.approx(7.5e-4))
-    with pytest.raises(ValueError, match="two or more depths"):
-        fit_engine_cost("deepspeed-0-fp32", [4, 4], [1e-3, 1e-3], [0.0, 0.0], steps=4)
+    noisy = fit_engine_cost("deepspeed-0-fp32", stacks, [1e-3, 5e-4], [2e-3, 1e-3], steps=4)
+    assert (noisy.micro_per_tensor_s, noisy.micro_fixed_s) == (0.0, pytest.approx(7.5e-4))
+    with pytest.raises(ValueError, match="2 or more distinct stacks"):
+        fit_engine_cost("deepspeed-0-fp32", [(4, 1), (4, 1)], [1e-3, 1e-3], [0.0, 0.0], steps=4)
 
 
-COST = EngineCost(engine="deepspeed-3-bf16", micro_fixed_s=1e-3, micro_per_unit_s=5e-4,
-                  step_fixed_s=2e-3, step_per_unit_s=1e-4, units=[4, 16], steps=4)  # fmt: skip
+def test_fsdp2s_cost_splits_modules_from_tensors() -> None:
+    # made from 1 ms fixed + 2 ms a sharded module + 0.25 ms a tensor: 4 blocks of 1 (5
+    # modules, 4 tensors) 12 ms, 16 of 1 (17, 16) 39 ms, 4 of 8 (5, 32) 19 ms
+    stacks = [(4, 1), (16, 1), (4, 8)]
+    cost = fit_engine_cost("fsdp2-3-fp32", stacks, [12e-3, 39e-3, 19e-3], [0.0, 0.0, 0.0], steps=4)
+    assert cost.micro_fixed_s == pytest.approx(1e-3)
+    assert cost.micro_per_module_s == pytest.approx(2e-3)
+    assert cost.micro_per_tensor_s == pytest.approx(2.5e-4)
+    # tensors that seem to cost less than nothing: the modules alone, fitted again
+    cost = fit_engine_cost("fsdp2-3-fp32", stacks, [12e-3, 36e-3, 10e-3], [0.0, 0.0, 0.0], steps=4)
+    assert cost.micro_per_tensor_s == 0.0 and cost.micro_per_module_s > 0
+    with pytest.raises(ValueError, match="3 or more distinct stacks"):
+        fit_engine_cost("fsdp2-3-fp32", stacks[:2], [1e-3, 2e-3], [0.0, 0.0], steps=4)
+
+
+COST = EngineCost(engine="deepspeed-3-bf16", micro_fixed_s=1e-3, micro_per_tensor_s=5e-4,
+                  step_fixed_s=2e-3, step_per_tensor_s=1e-4, blocks=[4, 16], per_block=[1, 1],
+                  steps=4)  # fmt: skip
 
 
 def test_a_plan_pays_its_engine_per_micro_batch_and_per_step() -> None:
@@ -111,18 +132,27 @@ def test_a_plan_pays_its_engine_per_micro_batch_and_per_step() -> None:
 
 def test_the_estimate_adds_the_engines_cost_to_the_predicted_seconds() -> None:
     facts = facts_from_profile(synthetic_profile(device="cpu", layers=12))
+    facts = facts.model_copy(update={"parameter_sizes": (1000,) * 30})
     plan = parse_plan("engine=fsdp2,precision=fp32,stage=3,mb=2,ga=3,nproc_per_node=2")
-    # 1 ms a sharded module a micro-batch (12 blocks and the root), 50 ms a step
-    measured = EngineCost(engine="fsdp2-3-fp32", micro_fixed_s=0.0, micro_per_unit_s=1e-3,
-                          step_fixed_s=0.05, step_per_unit_s=0.0, units=[5, 17], steps=4)  # fmt: skip
-    without = estimate_plan(facts, plan, machine=Machine(nproc_per_node=2, link=_link()))
+    # 1 ms a sharded module (12 blocks and the root) and 0.5 ms a tensor a micro-batch, 50 ms a
+    # step
+    measured = EngineCost(engine="fsdp2-3-fp32", micro_fixed_s=0.0, micro_per_tensor_s=5e-4,
+                          micro_per_module_s=1e-3, step_fixed_s=0.05, step_per_tensor_s=0.0,
+                          blocks=[4, 16, 4], per_block=[1, 1, 8], steps=4)  # fmt: skip
+    machine = Machine(nproc_per_node=2, link=_link())
+    without = estimate_plan(facts, plan, machine=machine)
     with_cost = estimate_plan(
         facts, plan, machine=Machine(nproc_per_node=2, link=_link([measured]))
     )
     assert without.predicted_step_seconds is not None
     assert with_cost.predicted_step_seconds == pytest.approx(
-        without.predicted_step_seconds + 3 * 13e-3 + 0.05
+        without.predicted_step_seconds + 3 * (13e-3 + 15e-3) + 0.05
     )
-    assert any("fsdp2-3-fp32 engine's own work: 89.0 ms" in n for n in with_cost.notes)
-    assert any("13 sharded modules" in n for n in with_cost.notes)
+    assert any("fsdp2-3-fp32 engine's own work: 134.0 ms" in n for n in with_cost.notes)
+    assert any("30 parameter tensors, 13 sharded modules" in n for n in with_cost.notes)
     assert any("not measured here" in n for n in without.notes)
+    # a model whose tensors are not known: not included, and said so
+    unknown = facts.model_copy(update={"parameter_sizes": None})
+    plain = estimate_plan(unknown, plan, machine=Machine(nproc_per_node=2, link=_link([measured])))
+    assert plain.predicted_step_seconds == pytest.approx(without.predicted_step_seconds)
+    assert any("parameter tensors are not known" in n for n in plain.notes)

@@ -297,12 +297,13 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     # the points times it
     assert link.bandwidth_bytes_per_s > 0 and link.collectives
     assert set(link.collectives) <= {"all_reduce", "all_gather", "reduce_scatter"}
-    # each engine asked for, at the two depths: DeepSpeed's units are the stack's tensors,
-    # FSDP2's its sharded modules (each block and the root)
+    # each engine asked for, on its stacks: DeepSpeed's two of one-matrix blocks, FSDP2's a
+    # third of 4 blocks of 8 matrices besides
     assert [c.engine for c in link.engine_costs] == ["deepspeed-3-bf16", "fsdp2-3-fp32"]
-    assert [c.units for c in link.engine_costs] == [[4, 16], [5, 17]]
-    assert all(c.steps == 4 and c.micro_per_unit_s >= 0 and c.step_per_unit_s >= 0
-               and math.isfinite(c.micro_fixed_s + c.step_fixed_s) for c in link.engine_costs)  # fmt: skip
+    assert [(c.blocks, c.per_block) for c in link.engine_costs] == [
+        ([4, 16], [1, 1]), ([4, 16, 4], [1, 1, 8])]  # fmt: skip
+    assert all(c.steps == 4 and math.isfinite(c.micro_fixed_s + c.step_fixed_s)
+               for c in link.engine_costs)  # fmt: skip
     # a run of a study that has its link and the plan's peak (a comparison's re-run): neither
     # is measured again, the steps are
     again = runner.run(plan, settings.model_copy(update={"measure_peak": False,

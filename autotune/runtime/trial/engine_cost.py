@@ -1,7 +1,7 @@
 """Measure what each engine's own code adds to a step on the ranks of a live process group:
-DeepSpeed's or FSDP2's, on a stack of one-matrix blocks at two depths, less the stack's own
-compute (timed here in plain torch) and the collectives the time model counts on the swept
-link (:mod:`autotune.estimator._engine_cost`)."""
+DeepSpeed's or FSDP2's, on stacks of small matrices (``autotune.estimator.engine_stacks``), less
+the stack's own compute (timed here in plain torch) and the collectives the time model counts on
+the swept link (:mod:`autotune.estimator._engine_cost`)."""
 
 from __future__ import annotations
 
@@ -14,32 +14,41 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autotune.estimator import STACK_WIDTH, engine_units, fit_engine_cost, stack_communication
+from autotune.estimator import STACK_WIDTH, engine_stacks, fit_engine_cost, stack_communication
 from autotune.estimator import stack_plan as _stack_plan
 from autotune.records import EngineCost, LinkMeasure
 
-DEPTHS = (4, 16)
-"""Blocks of the two stacks: few enough that the stacks cost under a second an engine, far
-enough apart that the per-unit part shows (ZeRO-3: ~0.4 ms a tensor a micro-batch on a
-2-core CPU)."""
 STEPS = 4
-"""Timed optimizer steps at each depth, after one untimed."""
+"""Timed optimizer steps on each stack, after one untimed: about a second an engine."""
 GRAD_ACCUM = 3
 """Micro-batches per step: the first two time a micro-batch, the last adds the boundary's."""
 
 
-class _Stack(nn.Module):
-    """``depth`` bias-free square matrices in a row: a block stack FSDP2 shards block by block."""
+class _Block(nn.Module):
+    """``width`` bias-free square matrices in a row."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            nn.Linear(STACK_WIDTH, STACK_WIDTH, bias=False) for _ in range(depth)
+            nn.Linear(STACK_WIDTH, STACK_WIDTH, bias=False) for _ in range(width)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x)
+        return x
+
+
+class _Stack(nn.Module):
+    """``blocks`` blocks of ``per_block`` matrices: a block stack FSDP2 shards block by block."""
+
+    def __init__(self, blocks: int, per_block: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(per_block) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
         return x
 
 
@@ -71,9 +80,9 @@ def _phases(micro: Callable[[bool], None], steps: int) -> tuple[float, float]:
     return float(both[0]), float(both[1])
 
 
-def _plain(depth: int, dtype: torch.dtype, steps: int) -> tuple[float, float]:
+def _plain(stack: tuple[int, int], dtype: torch.dtype, steps: int) -> tuple[float, float]:
     """The stack's own forward and backward, and its AdamW step, in plain torch."""
-    model = _Stack(depth).to(_device(), dtype)
+    model = _Stack(*stack).to(_device(), dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(1, STACK_WIDTH, dtype=dtype, device=_device())
 
@@ -88,16 +97,16 @@ def _plain(depth: int, dtype: torch.dtype, steps: int) -> tuple[float, float]:
     return _phases(micro, steps)
 
 
-def _deepspeed(key: str, depth: int, steps: int) -> tuple[float, float]:
+def _deepspeed(key: str, stack: tuple[int, int], steps: int) -> tuple[float, float]:
     from autotune.emit import emit_deepspeed_config
     from autotune.runtime.extensions import trial_deepspeed
     from autotune.runtime.trial.deepspeed_engine import _forget
 
     deepspeed = trial_deepspeed()
     plan = _stack_plan(key, dist.get_world_size(), GRAD_ACCUM)
-    model = _Stack(depth)
+    model = _Stack(*stack)
     config = emit_deepspeed_config(plan, world_size=plan.world_size,
-                                   parameters=depth * STACK_WIDTH**2).config  # fmt: skip
+                                   parameters=stack[0] * stack[1] * STACK_WIDTH**2).config  # fmt: skip
     config["zero_allow_untested_optimizer"] = True  # as a trial runs it: a torch optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
@@ -116,12 +125,12 @@ def _deepspeed(key: str, depth: int, steps: int) -> tuple[float, float]:
         _forget(engine)
 
 
-def _fsdp2(key: str, depth: int, steps: int) -> tuple[float, float]:
+def _fsdp2(key: str, stack: tuple[int, int], steps: int) -> tuple[float, float]:
     from autotune.runtime.trial.fsdp2 import apply_fsdp2
 
     plan = _stack_plan(key, dist.get_world_size(), GRAD_ACCUM)
     device = _device()
-    model = _Stack(depth).to(device)
+    model = _Stack(*stack).to(device)
     apply_fsdp2(model, plan, device.type)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(1, STACK_WIDTH, device=device)
@@ -137,33 +146,29 @@ def _fsdp2(key: str, depth: int, steps: int) -> tuple[float, float]:
     return _phases(micro, steps)
 
 
-def measure(
-    keys: Sequence[str], link: LinkMeasure, depths: Sequence[int] = DEPTHS, steps: int = STEPS
-) -> list[EngineCost]:
+def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[EngineCost]:
     """Each engine's own cost on these ranks (every rank must call this with the same keys).
 
-    At each depth: the engine's micro-batch and boundary (:func:`_phases`), less the plain
-    stack's and less the collectives the time model counts for the stack on ``link``; then
-    :func:`autotune.estimator.fit_engine_cost` over the depths.
+    On each of the engine's stacks: its micro-batch and boundary (:func:`_phases`), less the
+    plain stack's and less the collectives the time model counts for the stack on ``link``;
+    then :func:`autotune.estimator.fit_engine_cost` over the stacks.
     """
     costs = []
     for key in keys:
-        run: Callable[[str, int, int], tuple[float, float]] = (
+        run: Callable[[str, tuple[int, int], int], tuple[float, float]] = (
             _fsdp2 if key.startswith("fsdp2") else _deepspeed
         )
         dtype = torch.bfloat16 if key.endswith("bf16") else torch.float32
-        micro, boundary, units = [], [], []
-        for depth in depths:
+        stacks = engine_stacks(key)
+        micro, boundary = [], []
+        for stack in stacks:
             torch.manual_seed(0)
-            engine = run(key, depth, steps)
-            plain = _plain(depth, dtype, steps)
-            count = engine_units(_stack_plan(key, link.world_size, 1), depth, depth)
-            assert count is not None  # a stack's tensors are known
-            talk = stack_communication(key, count, link)
-            units.append(count)
+            engine = run(key, stack, steps)
+            plain = _plain(stack, dtype, steps)
+            talk = stack_communication(key, *stack, link)
             micro.append(engine[0] - plain[0] - talk[0])
             boundary.append(engine[1] - plain[1] - talk[1])
-        costs.append(fit_engine_cost(key, units, micro, boundary, steps))
+        costs.append(fit_engine_cost(key, stacks, micro, boundary, steps))
     return costs
 
 
