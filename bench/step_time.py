@@ -14,7 +14,9 @@ trials' ranks swept (as tune relinks). Measured:
 each plan ``--rounds`` times in one live worker group, round r in an order rotated by r; a trial's
 median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
 without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and peak and
-the first link, by model sha256 and plan JSON, written after every trial; a plan with its rounds
+the first link, by model sha256 and plan JSON, written after every trial (the link also keeps each
+engine's own cost, which the ranks measure after one trial where FILE's link lacks it: the kept
+link's own fits stay); a plan with its rounds
 there is not run again, so a run resumes and a changed estimate re-prints against the same
 measurements; ``--print-only`` runs no trial at all (a plan FILE lacks shows no measurement).
 """

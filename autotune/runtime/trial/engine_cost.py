@@ -25,12 +25,12 @@ GRAD_ACCUM = 3
 
 
 class _Block(nn.Module):
-    """``width`` bias-free square matrices in a row."""
+    """``matrices`` bias-free square matrices in a row."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, matrices: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            nn.Linear(STACK_WIDTH, STACK_WIDTH, bias=False) for _ in range(width)
+            nn.Linear(STACK_WIDTH, STACK_WIDTH, bias=False) for _ in range(matrices)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
