@@ -3,10 +3,12 @@ the ranks per node and nodes, the link between nodes, and --json; and the Machin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from autotune.cli._common import above, device_name
-from autotune.records import DEFAULT_MARGIN, AutotuneError, Machine, parse_bytes
+from autotune.records import DEFAULT_MARGIN, AutotuneError, LinkMeasure, Machine, parse_bytes
 
 DEVICE = typer.Option(
     None,
@@ -52,6 +54,13 @@ INTER_GBPS = typer.Option(
     "plans over nodes.",
 )
 JSON = typer.Option(False, "--json", help="Print only the record as JSON on stdout.")
+LINK = typer.Option(
+    None,
+    "--link",
+    help="The link a tune's ranks swept, with each engine's own cost they measured: the tune "
+    "record (autotune-tune.json) or the link's JSON. Step times then count both, as tune's do "
+    "(a link speed given as well still times the communication).",
+)
 
 AUTOCAST = typer.Option(
     None,
@@ -94,10 +103,34 @@ def machine(
     intra_gbps: float | None = None,
     pcie_gbps: float | None = None,
     host_memory: str | None = None,
+    link: Path | None = None,
 ) -> Machine:
-    """The :class:`Machine` the shared options describe (the budget parsed, unit required)."""
+    """The :class:`Machine` the shared options describe (the budget parsed, unit required; the
+    link read, :func:`read_link`)."""
     budget = parse_bytes(device_memory, "--device-memory") if device_memory else None
     host = parse_bytes(host_memory, "--host-memory") if host_memory else None
     return Machine(device=device or Machine.device, device_memory=budget, margin=margin,
                    nproc_per_node=nproc_per_node, nnodes=nnodes, inter_gbps=inter_gbps,
-                   intra_gbps=intra_gbps, pcie_gbps=pcie_gbps, host_memory=host)  # fmt: skip
+                   intra_gbps=intra_gbps, pcie_gbps=pcie_gbps, host_memory=host,
+                   link=read_link(link) if link is not None else None)  # fmt: skip
+
+
+def read_link(path: Path) -> LinkMeasure:
+    """``--link``: the ``link`` of a tune record, or a link record itself.
+
+    Raises:
+        AutotuneError: one line naming the file: unreadable, not JSON, a tune record without a
+            link (no multi-rank trial swept one), or not a link.
+    """
+    from autotune.records import read_json, validate_record
+
+    data = read_json(path, "--link")
+    if isinstance(data, dict) and "link" in data:  # a tune record
+        if data["link"] is None:
+            raise AutotuneError(f"--link: {path}: the tune record holds no link (none of its "
+                                "trials ran on two or more ranks)")  # fmt: skip
+        data = data["link"]
+    elif not isinstance(data, dict) or "points" not in data:
+        raise AutotuneError(f"--link: {path}: neither a tune record (autotune-tune.json) nor a "
+                            "link record")  # fmt: skip
+    return validate_record(data, LinkMeasure, f"--link: {path}", "link")

@@ -64,6 +64,7 @@ def estimate_command(
         None, "--intra-gbps", callback=above(0), help="Gbit/s in a node."
     ),
     inter_gbps: float | None = _options.INTER_GBPS,
+    link: Path | None = _options.LINK,
     pcie_gbps: float | None = _options.PCIE_GBPS,
     host_memory: str | None = _options.HOST_MEMORY,
     plan: list[str] = typer.Option(
@@ -122,7 +123,7 @@ def estimate_command(
                                    nproc_per_node=nproc_per_node, nnodes=nnodes,
                                    inter_gbps=inter_gbps, intra_gbps=intra_gbps,
                                    device=device or "auto", pcie_gbps=pcie_gbps,
-                                   host_memory=host_memory)  # fmt: skip
+                                   host_memory=host_memory, link=link)  # fmt: skip
         checks = [read_check(text) for text in check]
         profile = profiles[0] if profiles else None
         base, ckpt_all = _base_plan(batch_size, autocast, checkpointing, profile)

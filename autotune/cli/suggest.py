@@ -25,6 +25,7 @@ def suggest_command(
     nproc_per_node: int = _options.NPROC_PER_NODE,
     nnodes: int = _options.NNODES,
     inter_gbps: float | None = _options.INTER_GBPS,
+    link: Path | None = _options.LINK,
     pcie_gbps: float | None = _options.PCIE_GBPS,
     host_memory: str | None = _options.HOST_MEMORY,
     global_batch: int | None = typer.Option(
@@ -63,7 +64,7 @@ def suggest_command(
         machine = _options.machine(device_memory=device_memory, margin=margin,
                                    nproc_per_node=nproc_per_node, nnodes=nnodes,
                                    inter_gbps=inter_gbps, pcie_gbps=pcie_gbps,
-                                   host_memory=host_memory)  # fmt: skip
+                                   host_memory=host_memory, link=link)  # fmt: skip
         record = suggest(
             read_record(profile, ProfileRecord, "profile"),
             machine=machine,

@@ -143,6 +143,8 @@ ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("suggest-world-size-renamed", ("suggest", "profile.json", "--world-size", "3"), "--world-size: renamed; give --nproc-per-node N"),
     ("suggest-gpus-per-node-renamed", ("suggest", "profile.json", "--gpus-per-node", "2"), "--gpus-per-node: renamed to --nproc-per-node"),
     ("suggest-inter-0", ("suggest", "profile.json", "--inter-gbps", "0"), "--inter-gbps: must be > 0 (got 0)"),
+    ("suggest-link-record", ("suggest", "profile.json", "--link", "rec.json"), "--link: rec.json: neither a tune record (autotune-tune.json) nor a link record"),
+    ("suggest-link-missing", ("suggest", "profile.json", "--link", "nope.json"), "nope.json: no such --link file"),
     ("suggest-global-batch-0", ("suggest", "profile.json", "--global-batch", "0"), "--global-batch: must be >= 1 (got 0)"),
     ("suggest-policy-missing", ("suggest", "profile.json", "--policy", "nope.toml"), "nope.toml"),
     ("suggest-policy-syntax", ("suggest", "profile.json", "--policy", "bad.toml"), "bad.toml"),

@@ -345,3 +345,71 @@ def test_a_check_row_reads_its_knobs_with_the_plan_grammar() -> None:
         assert str(caught.value) == message
     with pytest.raises(AutotuneError, match=r"^--check: ckpt=9: more blocks than the model's L=4$"):
         read_check("ckpt=9,memory=3GB").claim(parse_plan(""), 4, None)
+
+
+def _link_record(costs: list[dict[str, object]]) -> dict[str, object]:
+    """A 2-rank link of 1 ms a call (bandwidth far above this model's bytes), as a tune keeps it."""
+    points = [{"collective": c, "nbytes": size, "seconds": 1e-3, "low": 1e-3, "high": 1e-3,
+               "repeats": 1} for c in ("all_reduce", "all_gather", "reduce_scatter")
+              for size in (2**16, 2**20)]  # fmt: skip
+    return {"world_size": 2, "backend": "gloo", "latency_s": 1e-3, "bandwidth_bytes_per_s": 1e15,
+            "points": points, "engine_costs": costs}  # fmt: skip
+
+
+def test_a_tunes_link_times_the_engines_own_work(tmp_path: Path) -> None:
+    """--link: the link and engine costs a tune measured; the estimate counts them as tune does."""
+    record = make_profile()
+    record = record.model_copy(
+        update={"model": record.model.model_copy(update={"parameter_sizes": [250_000] * 4})}
+    )
+    profile = tmp_path / "profile.json"
+    profile.write_text(record.model_dump_json())
+    # 2 ms a micro-batch + 0.5 ms a tensor, 10 ms a step: 4 tensors, ga=2: 2 x 4 + 10 = 18 ms
+    cost = {"engine": "deepspeed-3-fp32", "micro_fixed_s": 2e-3, "micro_per_tensor_s": 5e-4,
+            "step_fixed_s": 1e-2, "step_per_tensor_s": 0.0, "blocks": [4, 16],
+            "per_block": [1, 1], "steps": 4}  # fmt: skip
+    tune = tmp_path / "autotune-tune.json"
+    tune.write_text(json.dumps({"study": "s", "link": _link_record([cost])}))
+    bare = tmp_path / "link.json"
+    bare.write_text(json.dumps(_link_record([])))
+    seconds = {}
+    for name, link in (("tune", tune), ("bare", bare)):
+        result = runner.invoke(app, ["estimate", "--profile", str(profile), "--nproc-per-node",
+                                     "2", "--plan", "stage=3,mb=2,ga=2", "--json",
+                                     "--link", str(link)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (plan,) = json.loads(result.stdout)["plans"]
+        seconds[name] = plan["predicted_step_seconds"]
+        notes = " ".join(plan["notes"])
+        assert "communication timed on the measured link sweep (2 ranks, gloo" in notes
+    assert seconds["tune"] == pytest.approx(seconds["bare"] + 0.018)
+    # suggest reads the same option: its last step's predicted seconds grow by the engine's
+    # own work and the link's calls, which it did not count without them
+    after = {}
+    for name, extra in (("tune", ["--link", str(tune)]), ("none", [])):
+        result = runner.invoke(app, ["suggest", str(profile), "--nproc-per-node", "2", "--json",
+                                     *extra])  # fmt: skip
+        assert result.exit_code in (0, 1), result.output
+        after[name] = json.loads(result.stdout)["suggestions"][-1]["predicted"]
+    assert after["tune"]["step_seconds_after"] > after["none"]["step_seconds_after"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"study": "s", "link": null}', "holds no link"),
+        ('{"plan": {}}', "neither a tune record"),
+        ("[1, 2]", "neither a tune record"),
+        ('{"link": {"world_size": 2, "points": []}}', "not a valid link: field"),
+        ("{", "not valid JSON"),
+    ],
+)
+def test_a_bad_link_file_is_one_line_and_exit_2(
+    profile_json: Path, tmp_path: Path, content: str, message: str
+) -> None:
+    link = tmp_path / "link.json"
+    link.write_text(content)
+    result = runner.invoke(app, ["estimate", "--profile", str(profile_json), "--link", str(link)])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "link.json" in result.stderr
+    assert "Traceback" not in result.output
