@@ -150,10 +150,12 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
     """Each engine's own cost on these ranks (every rank must call this with the same keys).
 
     On each of the engine's stacks: its micro-batch and boundary (:func:`_phases`), less the
-    plain stack's and less the collectives the time model counts for the stack on ``link``;
-    then :func:`autotune.estimator.fit_engine_cost` over the stacks.
+    plain stack's (timed once per stack and dtype, whichever engines share it) and less the
+    collectives the time model counts for the stack on ``link``; then
+    :func:`autotune.estimator.fit_engine_cost` over the stacks.
     """
     costs = []
+    plains: dict[tuple[tuple[int, int], torch.dtype], tuple[float, float]] = {}
     for key in keys:
         run: Callable[[str, tuple[int, int], int], tuple[float, float]] = (
             _fsdp2 if key.startswith("fsdp2") else _deepspeed
@@ -164,7 +166,9 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
         for stack in stacks:
             torch.manual_seed(0)
             engine = run(key, stack, steps)
-            plain = _plain(stack, dtype, steps)
+            if (stack, dtype) not in plains:  # the same keys on every rank: the same calls
+                plains[stack, dtype] = _plain(stack, dtype, steps)
+            plain = plains[stack, dtype]
             talk = stack_communication(key, *stack, link)
             micro.append(engine[0] - plain[0] - talk[0])
             boundary.append(engine[1] - plain[1] - talk[1])
