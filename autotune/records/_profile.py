@@ -215,6 +215,19 @@ class StepTime(_Record):
         "the other precision run right after it; <1: bf16 is faster; None: not measured (see "
         "environment.unavailable)",
     )
+    ops_per_micro_batch: int | None = Field(
+        None,
+        ge=0,
+        description="the aten operators one micro-batch's forward and backward dispatched, "
+        "counted in the first warm-up step; None: not counted",
+    )
+    seconds_per_op: float | None = Field(
+        None,
+        gt=0,
+        description="measured on the device: seconds per aten operator of a 4x4 Linear's forward "
+        "and backward in a loop (dispatch, autograd and Python, next to no compute); None: not "
+        "measured",
+    )
 
 
 class Throughput(_Record):

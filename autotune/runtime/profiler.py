@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._guards import detect_fake_mode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune import __version__
@@ -177,9 +179,9 @@ def profile_and_time(
             if checkpointing:
                 _checkpoint_all(runner)
             counterpart = _Counterpart(runner, steps)
-            counter = _flop_counter()
+            counter, ops = _flop_counter(), _OpCount()
             timings = _timed_steps(runner, steps, warmup, report, between=counterpart.run,
-                                   counter=counter)  # fmt: skip
+                                   counter=_counting(counter, ops))  # fmt: skip
             own = timings.summary()
             bf16_over_fp32, bf16_reason = counterpart.ratio(own.forward + own.backward)
             memory, samples_seen = _measure_memory(runner, report)
@@ -192,7 +194,11 @@ def profile_and_time(
         peak, peak_source, peak_reason = dev.peak_flops(device_obj, precision)
         environment, refused = _environment(device_obj, timings, peak_reason, workspace)
         report("environment", 1, 1)
-        step_time = timings.summary().model_copy(update={"bf16_over_fp32": bf16_over_fp32})
+        step_time = timings.summary().model_copy(update={
+            "bf16_over_fp32": bf16_over_fp32,
+            "ops_per_micro_batch": ops.ops // runner.grad_accum if warmup else None,
+            "seconds_per_op": seconds_per_op(device_obj),
+        })  # fmt: skip
         if bf16_reason:
             unavailable = {**environment.unavailable, "time.bf16_over_fp32": bf16_reason}
             environment = environment.model_copy(update={"unavailable": unavailable})
@@ -281,12 +287,13 @@ class _Timings:
 def _timed_steps(
     runner: TrainRunner, steps: int, warmup: int, report: Progress,
     between: Callable[[StepTiming | None], None] | None = None,
-    counter: FlopCounterMode | None = None,
+    counter: AbstractContextManager[Any] | None = None,
 ) -> _Timings:  # fmt: skip
     """``warmup`` steps, then ``steps`` timed ones; ``between`` (where given) runs after the
     warm-up (with its last step, ``None`` where none ran) and after each timed step (with it),
     outside the steps' own timings. The first warm-up step's forward and backward passes run
-    under ``counter`` (where given): their FLOPs, counted where no timing is kept."""
+    inside ``counter`` (where given): their FLOPs and operators, counted where no timing is
+    kept."""
     last: StepTiming | None = None
     for index in range(warmup):
         report("warm-up", index, warmup)
@@ -547,6 +554,53 @@ def _activation_fit(runner: TrainRunner, measured: mem.SavedTensors) -> Activati
     if low[1].block_input is not None and high[1].block_input is not None:
         fit["block_input_per_sample"] = (high[1].block_input - low[1].block_input) / span
     return ActivationFit(**fit)
+
+
+class _OpCount(TorchDispatchMode):
+    """The aten operators dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _counting(counter: FlopCounterMode, ops: _OpCount) -> Iterator[None]:
+    """FLOPs and operators counted together (one use)."""
+    with counter, ops:
+        yield
+
+
+OP_LOOPS = 200
+"""A tiny Linear's forward and backward timed this many times for the seconds per operator."""
+
+
+def seconds_per_op(device: torch.device) -> float:
+    """Seconds per aten operator where compute is next to nothing: a 4x4 Linear's forward and
+    backward, :data:`OP_LOOPS` times after a warm-up, over the operators it dispatches (about
+    16). What every operator of a model costs beyond its compute, give or take its module's
+    Python: a milliseconds' measure."""
+    layer = nn.Linear(4, 4, device=device)
+    sample = torch.ones(1, 4, device=device, requires_grad=True)
+
+    def once() -> None:
+        layer(sample).sum().backward()
+
+    for _ in range(OP_LOOPS // 10):
+        once()
+    counted = _OpCount()
+    with counted:
+        once()
+    dev.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(OP_LOOPS):
+        once()
+    dev.synchronize(device)
+    return (time.perf_counter() - start) / OP_LOOPS / max(counted.ops, 1)
 
 
 def _flop_counter() -> FlopCounterMode:

@@ -134,3 +134,81 @@ def test_the_second_profile_stays_inside_the_gpus_memory() -> None:
     memory = record.memory.model_copy(update={"peak": 20 * 10**9})
     assert _largest_fitting_batch(record.model_copy(update={"memory": memory})) == 60
     assert _largest_fitting_batch(synthetic_profile(device="cpu")) > 10**9
+
+
+def _with_operators(ops: int | None, per_op: float | None, forward: float,
+                    backward: float) -> ProfileRecord:  # fmt: skip
+    from _profiles import synthetic_profile
+
+    record = synthetic_profile(device="cpu", batch_size=2)
+    time = record.time.model_copy(update={"ops_per_micro_batch": ops, "seconds_per_op": per_op,
+                                          "forward": forward, "backward": backward})  # fmt: skip
+    return record.model_copy(update={"time": time})
+
+
+def test_the_operators_bound_decides_whether_a_second_micro_batch_is_timed() -> None:
+    """1000 operators at 5 us, 4 times over: 20 ms a micro-batch at most beyond the samples'
+    work. Against a 0.3 s forward and backward that is 6.7 %, over the 5 % line, so the second
+    is timed; against 0.5 s, 4 %, and it is not. Without a count there is no bound."""
+    from autotune.compose._sources import _second_skipped, per_call_bound
+
+    near = _with_operators(1000, 5e-6, 0.1, 0.2)
+    assert per_call_bound(near) == pytest.approx(0.02)
+    assert _second_skipped(near) is None
+    far = _with_operators(1000, 5e-6, 0.2, 0.3)
+    note = _second_skipped(far)
+    assert note is not None and "1000 operators" in note and "20 ms" in note and "4.0%" in note
+    assert per_call_bound(_with_operators(None, 5e-6, 0.2, 0.3)) is None
+    assert _second_skipped(_with_operators(1000, None, 0.2, 0.3)) is None
+
+
+WIDE = """
+import torch
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 1))
+
+def build_batch(batch_size):
+    return torch.randn(batch_size, 128, 2048)
+
+def loss_fn(model, batch):
+    return model(batch).mean()
+"""
+
+
+def test_a_model_whose_matmuls_dwarf_its_operators_times_no_second_micro_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two wide Linears over 256 tokens: milliseconds of matmul against a few dozen operators.
+    The profile counts the operators a micro-batch dispatches (here against a count the test's
+    own dispatch mode takes over the same micro-batch of a fresh runner: its batch, forward,
+    loss read and backward) and times no second micro-batch (the tiny models above, whose
+    operators are most of their step, are timed at a second)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from autotune.runtime._step import TrainRunner
+    from autotune.runtime.modelfile import load_model_file
+
+    model = tmp_path / "wide.py"
+    model.write_text(WIDE)
+    first, second = short_profiles(model, per_rank=8, device="cpu")
+    assert second is None and first.config.batch_size == 2
+    assert "no timed steps at a second micro-batch" in capsys.readouterr().err
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    runner = TrainRunner(load_model_file(model), device=torch.device("cpu"), precision="fp32",
+                         micro_batch=2)  # fmt: skip
+    with Count():
+        loss = runner.forward(runner.next_batch())
+        float(loss.detach())
+        runner.backward(loss)
+    assert Count.ops > 30  # two Linears forward and backward, at the least
+    assert first.time.ops_per_micro_batch == Count.ops
+    assert first.time.seconds_per_op is not None and 1e-7 < first.time.seconds_per_op < 1e-3
