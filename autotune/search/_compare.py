@@ -170,11 +170,22 @@ def _still_open(active: list[int], values: list[list[Value]],
     return [i for i in still if i not in equal], equal
 
 
+def _below_leader(position: int, active: list[int], values: list[list[Value]],
+                  chosen: list[tuple[str, TrialRecord]]) -> bool:  # fmt: skip
+    """Whether ``position``'s range lies apart from (below) the leader's as measured so far:
+    another run of it cannot make it the pick, so a round does not pay for one."""
+    leader = max(active, key=lambda i: _median(values[i]))
+    mine = _range(values[position], chosen[position][1])
+    return position != leader and not overlap(mine, _range(values[leader], chosen[leader][1]))
+
+
 def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str, TrialRecord]],
            values: list[list[Value]], cap: int, failed: set[int],
            searched: float, spent: float = 0.0) -> tuple[list[Round], str]:  # fmt: skip
-    """Rounds of interleaved re-runs of the entries overlapping the best, each round dropping
-    those whose range has separated below the leader's or whose median has come within
+    """Rounds of interleaved re-runs of the entries overlapping the best, an entry skipped in
+    a round once the leader's range (narrowed by its run earlier in that round) has separated
+    from its own; each round dropping those whose range has separated below the leader's or
+    whose median has come within
     :data:`EQUIVALENT` of it (and those whose re-run failed, into ``failed``); at most ``cap``
     rounds, and none past :data:`COMPARISON_SHARE` of the search's ``searched`` seconds of
     trials (0: not known, no such limit), ``spent`` of them already taken (the unchanged-code
@@ -197,6 +208,8 @@ def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str,
         row: Round = [None] * len(chosen)
         shift = len(rounds) % len(active)
         for position in active[shift:] + active[:shift]:
+            if _below_leader(position, active, values, chosen):
+                continue  # the leader's run this round narrowed its range past this one's
             row[position], seconds[position] = _run(runner, settings, chosen[position][1].plan)
             spent += seconds[position] or 0.0
             if row[position] is not None:

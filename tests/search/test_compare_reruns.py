@@ -79,6 +79,23 @@ def test_only_overlapping_plans_re_run_until_they_separate() -> None:
     assert result.stopped == "the intervals separated after 1 round(s)"
 
 
+def test_a_plan_the_leaders_re_run_separated_from_is_not_re_run() -> None:
+    """The best's search run is wide (20.0 +-8 %: samples/s [18.5, 21.7]), so a runner-up at
+    19.9 [19.7, 20.1] and a contender at 18.8 [18.6, 19.0] both overlap it. The best runs first
+    in the round: 21.0, its range now [20.0, 21.0]. The runner-up still touches it and runs
+    (19.0: [19.0, 19.9], apart); the contender lies below it and is not run at all (the tune
+    at 124M re-ran three plans for 89 s, the third 8 % below the best)."""
+    best, close = _trial(0, 4, 20.0, spread=0.08), _trial(1, 2, 19.9, spread=0.01)
+    slower = _trial(2, 1, 18.8, spread=0.01)
+    runner = _scripted({4: [21.0], 2: [19.0]})
+    result = compare(runner, SETTINGS, [best, close, slower], None, repeats=3)
+    assert [p.micro_batch for p in runner.plans] == [4, 2]
+    assert result.labels == ["search best", "runner-up", "contender"]
+    assert result.repeats == 1 and result.reruns == [1, 1, 0]
+    assert result.stopped == "the intervals separated after 1 round(s)"
+    assert result.winner == 0
+
+
 def test_overlapping_ranges_re_run_up_to_the_cap() -> None:
     # mb=2's search run (19.0 +-5 %) overlaps the best's (20.0 +-2 %); their medians stay 3-5 %
     # apart and their ranges overlap in every round.
