@@ -181,6 +181,7 @@ def _tune_file(
             blocks=stack.count if stack else 0, policy=policy, predict=composition.prediction,
             relink=lambda link: composition.on_link(link).prediction,
             code_changes=composition.code_changes, progress=progress,
+            overhead_s=profiled + starting,
         )  # fmt: skip
     wall = tuned.wall_time
     if wall is not None:  # the profile and the workers' start-up came before the search

@@ -25,9 +25,10 @@ CONTENDERS = 2
 EQUIVALENT = 0.02
 """Re-run plans whose medians lie this close (relative) to the leader's are not told apart
 further: either is within it of the other, and more rounds would only buy the last percent."""
-COMPARISON_SHARE = 0.5
-"""The re-runs take at most this share of the search's own trial time: a round starts only
-where its plans' last run times fit in what is left."""
+OVERHEAD_SHARE = 0.3
+"""tune's own work beyond its search (the profiles, the workers' start-up, the re-runs) takes at
+most this share of the search's trial time (issue 33: tune within 1.3x its trials): a round of
+re-runs starts only where its plans' last run times fit in what the rest left."""
 Value = tuple[float, float | None, int | None]
 """One run's samples/s, tokens/s and peak."""
 Round = list[Value | None]
@@ -187,9 +188,9 @@ def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str,
     from its own; each round dropping those whose range has separated below the leader's or
     whose median has come within
     :data:`EQUIVALENT` of it (and those whose re-run failed, into ``failed``); at most ``cap``
-    rounds, and none past :data:`COMPARISON_SHARE` of the search's ``searched`` seconds of
-    trials (0: not known, no such limit), ``spent`` of them already taken (the unchanged-code
-    twin's run)."""
+    rounds, and none past :data:`OVERHEAD_SHARE` of the search's ``searched`` seconds of
+    trials (0: not known, no such limit), ``spent`` of them already taken (the profiles and
+    start-up, the unchanged-code twin's run)."""
     best = search_interval(chosen[0][1])
     active = [i for i, (_, r) in enumerate(chosen) if overlap(search_interval(r), best)]
     if len(active) < 2:
@@ -197,14 +198,16 @@ def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str,
     if cap < 1:
         return [], "repeats=0: nothing re-run"
     seconds = [record.duration_s for _, record in chosen]
-    budget = COMPARISON_SHARE * searched if searched else None
+    budget = OVERHEAD_SHARE * searched if searched else None
+    before = spent
     rounds: list[Round] = []
     while len(rounds) < cap:
         cost = sum(seconds[i] or 0.0 for i in active)
         if budget is not None and spent + cost > budget:
-            return rounds, (f"another round ({cost:.0f} s) would pass the comparison's share "
-                            f"of {COMPARISON_SHARE:.0%} of the search's {searched:.0f} s of trials, "
-                            f"after {len(rounds)} round(s)")  # fmt: skip
+            return rounds, (f"another round ({cost:.0f} s) would take tune's own work past "
+                            f"{OVERHEAD_SHARE:.0%} of the search's {searched:.0f} s of trials "
+                            f"({before:.0f} s before the re-runs, {spent - before:.0f} s of "
+                            f"re-runs), after {len(rounds)} round(s)")  # fmt: skip
         row: Round = [None] * len(chosen)
         shift = len(rounds) % len(active)
         for position in active[shift:] + active[:shift]:
@@ -251,13 +254,15 @@ def baseline_index(labels: list[str]) -> int | None:
 
 
 def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialRecord],
-            baseline: TrialRecord | None, repeats: int) -> Comparison:  # fmt: skip
+            baseline: TrialRecord | None, repeats: int, overhead_s: float = 0.0) -> Comparison:  # fmt: skip
     """The search's best against the baseline and the plans it cannot be told apart from.
 
     Every entry starts from its search run. Those whose intervals overlap the best's are
     re-run in interleaved rounds (the order rotating) until the ranges separate, the
     medians come within :data:`EQUIVALENT` of each other, ``repeats`` rounds have run, or
-    another round would pass :data:`COMPARISON_SHARE` of the search's trial time. Where the
+    another round would take tune's own work (``overhead_s`` of profiles and start-up before
+    the search, the re-runs after it) past :data:`OVERHEAD_SHARE` of the search's trial time.
+    Where the
     best changes the model's code (the policy's attention or compile) its twin without them is
     listed too, run once where the search did not. The winner is the highest median (the
     search's run included); a winner gives way to its leaner twin (fewer blocks checkpointed,
@@ -276,7 +281,8 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     failed: set[int] = set()
     searched = sum(record.duration_s or 0.0 for record in ranked)
     ran = (twin[1].duration_s or 0.0) if twin is not None and twin[1].number < 0 else 0.0
-    rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed, searched, ran)
+    rounds, stopped = _rerun(runner, settings, chosen, values, repeats, failed, searched,
+                             overhead_s + ran)  # fmt: skip
     measured = [_measured(record, values[i]) for i, (_, record) in enumerate(chosen)]
     # A plan whose re-run failed is not recommended on its other runs.
     eligible = [i for i in range(len(chosen)) if i not in failed] or [0]

@@ -96,8 +96,9 @@ def still_running(study: Any) -> list[int]:
 
 def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecord | None,
                      runner: TrialRunner, settings: TrialSettings, repeats: int,
-                     notes: list[str]) -> Comparison | None:  # fmt: skip
-    """The study's final comparison: read back, run here once, or left to the last worker.
+                     notes: list[str], overhead_s: float = 0.0) -> Comparison | None:  # fmt: skip
+    """The study's final comparison: read back, run here once (``overhead_s``: this worker's
+    profiles and start-up, :func:`compare`'s), or left to the last worker.
 
     Returns ``None`` (with a note saying why) when another worker still runs trials
     or has claimed the comparison; ``autotune tune --finish`` reads it later.
@@ -118,6 +119,6 @@ def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecor
     if not claim(study, key):
         notes.append("another worker is running the final comparison: --finish reads it")
         return None
-    comparison = compare(runner, settings, ranked, baseline, repeats)
+    comparison = compare(runner, settings, ranked, baseline, repeats, overhead_s)
     write(study, key, comparison)
     return comparison

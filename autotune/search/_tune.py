@@ -352,6 +352,7 @@ def tune(
     relink: Callable[[LinkMeasure], Predict] | None = None,
     code_changes: Callable[[Plan], list[Any]] | None = None,
     progress: Callable[[Progress], None] | None = None,
+    overhead_s: float = 0.0,
 ) -> TuneRecord:
     """Search plans with real short trials and recommend the fastest that fits.
 
@@ -374,6 +375,8 @@ def tune(
             first multi-rank trial swept between its ranks, used from then on.
         code_changes: ``plan -> [CodeChange]`` for the recommendation.
         progress: called after each trial.
+        overhead_s: seconds this worker spent before the search (its profiles): with the
+            start-up, counted in the share of the trials' time the final re-runs may take.
 
     Returns:
         The record of all trials, the final comparison and the recommendation.
@@ -407,7 +410,7 @@ def tune(
             notes.append("the baseline did not run to completion: no speedup is reported")
         mark = time.monotonic()
         comparison = final_comparison(study, ranked, baseline, runner, settings,
-                                      options.repeats, notes)  # fmt: skip
+                                      options.repeats, notes, overhead_s + startup)  # fmt: skip
         comparing = time.monotonic() - mark
     rec = recommendation(ranked, comparison, model_file, code_changes, notes)
     wall = WallTime.of(total_s=time.monotonic() - began, startup_s=startup, trials_s=trials_s,

@@ -33,7 +33,7 @@ WORKER = textwrap.dedent(
 
     # who runs the comparison is under test, not its length: four plans of six equal trials
     # re-run would pass its share of the search's time
-    _compare.COMPARISON_SHARE = 1.0
+    _compare.OVERHEAD_SHARE = 1.0
     sys.path.insert(0, os.environ["AUTOTUNE_TESTS"])
     from _search import run_tune
 
