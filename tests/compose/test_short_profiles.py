@@ -147,17 +147,17 @@ def _with_operators(ops: int | None, per_op: float | None, forward: float,
 
 
 def test_the_operators_bound_decides_whether_a_second_micro_batch_is_timed() -> None:
-    """1000 operators at 5 us, 4 times over: 20 ms a micro-batch at most beyond the samples'
-    work. Against a 0.3 s forward and backward that is 6.7 %, over the 5 % line, so the second
-    is timed; against 0.5 s, 4 %, and it is not. Without a count there is no bound."""
+    """1000 operators at 5 us, 8 times over: 40 ms a micro-batch at most beyond the samples'
+    work. Against a 0.6 s forward and backward that is 6.7 %, over the 5 % line, so the second
+    is timed; against 1.0 s, 4 %, and it is not. Without a count there is no bound."""
     from autotune.compose._sources import _second_skipped, per_call_bound
 
-    near = _with_operators(1000, 5e-6, 0.1, 0.2)
-    assert per_call_bound(near) == pytest.approx(0.02)
+    near = _with_operators(1000, 5e-6, 0.2, 0.4)
+    assert per_call_bound(near) == pytest.approx(0.04)
     assert _second_skipped(near) is None
-    far = _with_operators(1000, 5e-6, 0.2, 0.3)
+    far = _with_operators(1000, 5e-6, 0.4, 0.6)
     note = _second_skipped(far)
-    assert note is not None and "1000 operators" in note and "20 ms" in note and "4.0%" in note
+    assert note is not None and "1000 operators" in note and "40 ms" in note and "4.0%" in note
     assert per_call_bound(_with_operators(None, 5e-6, 0.2, 0.3)) is None
     assert _second_skipped(_with_operators(1000, None, 0.2, 0.3)) is None
 
@@ -169,7 +169,7 @@ def build_model():
     return torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 1))
 
 def build_batch(batch_size):
-    return torch.randn(batch_size, 128, 2048)
+    return torch.randn(batch_size, 1024, 2048)
 
 def loss_fn(model, batch):
     return model(batch).mean()
@@ -179,7 +179,7 @@ def loss_fn(model, batch):
 def test_a_model_whose_matmuls_dwarf_its_operators_times_no_second_micro_batch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Two wide Linears over 256 tokens: milliseconds of matmul against a few dozen operators.
+    """Two wide Linears over 2048 tokens: 0.2 s of matmul against a few dozen operators.
     The profile counts the operators a micro-batch dispatches (here against a count the test's
     own dispatch mode takes over the same micro-batch of a fresh runner: its batch, forward,
     loss read and backward) and times no second micro-batch (the tiny models above, whose

@@ -138,7 +138,8 @@ def test_tunes_own_work_takes_at_most_30_percent_of_the_search_trials_time() -> 
     runner = _Clocked({4: 21.0, 2: 20.5}, seconds=40.0)
     result = compare(runner, SETTINGS, records, None, repeats=3, overhead_s=20.0)
     assert result.repeats == 0 and result.reruns == [0, 0] and runner.runs == 0
-    assert result.stopped is not None and "(20 s before the re-runs, 0 s of re-runs)" in result.stopped
+    assert result.stopped is not None
+    assert "(20 s before the re-runs, 0 s of re-runs)" in result.stopped
 
 
 def test_repeats_0_re_runs_nothing_even_when_intervals_overlap() -> None:
