@@ -129,9 +129,9 @@ def short_profiles(
     :func:`profile_model`), and its timed steps alone at up to 4x that, in the same process after
     it, where the per-rank batch is larger, the first predicts that it fits a GPU and its
     operators can matter (:func:`per_call_bound`; ``None`` otherwise, or where it ran out of
-    memory all the same: a note on stderr says so), so the
-    step-time model splits each phase into a fixed part per micro-batch and a part per sample,
-    which is what ranks micro-batches of one global batch. The second measures no memory, FLOPs
+    memory all the same: a note on stderr says so), so the step-time model splits each phase
+    into a fixed part per micro-batch and a part per sample, which is what ranks micro-batches
+    of one global batch. The second measures no memory, FLOPs
     or probes: the first has them."""
 
     def second(first: ProfileRecord) -> int:

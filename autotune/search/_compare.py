@@ -186,9 +186,8 @@ def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str,
     """Rounds of interleaved re-runs of the entries overlapping the best, an entry skipped in
     a round once the leader's range (narrowed by its run earlier in that round) has separated
     from its own; each round dropping those whose range has separated below the leader's or
-    whose median has come within
-    :data:`EQUIVALENT` of it (and those whose re-run failed, into ``failed``); at most ``cap``
-    rounds, and none past :data:`OVERHEAD_SHARE` of the search's ``searched`` seconds of
+    whose median has come within :data:`EQUIVALENT` of it (and those whose re-run failed, into
+    ``failed``); at most ``cap`` rounds, and none past :data:`OVERHEAD_SHARE` of the search's ``searched`` seconds of
     trials (0: not known, no such limit), ``spent`` of them already taken (the profiles and
     start-up, the unchanged-code twin's run)."""
     best = search_interval(chosen[0][1])
@@ -262,9 +261,8 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     medians come within :data:`EQUIVALENT` of each other, ``repeats`` rounds have run, or
     another round would take tune's own work (``overhead_s`` of profiles and start-up before
     the search, the re-runs after it) past :data:`OVERHEAD_SHARE` of the search's trial time.
-    Where the
-    best changes the model's code (the policy's attention or compile) its twin without them is
-    listed too, run once where the search did not. The winner is the highest median (the
+    Where the best changes the model's code (the policy's attention or compile) its twin
+    without them is listed too, run once where the search did not. The winner is the highest median (the
     search's run included); a winner gives way to its leaner twin (fewer blocks checkpointed,
     or fewer code changes) when their ranges overlap, since what it adds did not show to pay.
     The speedup interval is the range of per-round ratios winner/baseline where both were
