@@ -158,8 +158,8 @@ def _still_open(active: list[int], values: list[list[Value]],
                 chosen: list[tuple[str, TrialRecord]]) -> tuple[list[int], list[int]]:  # fmt: skip
     """The entries whose range still overlaps the leader's (the leader included), and those
     of them re-run whose median is within :data:`EQUIVALENT` of the leader's (left out)."""
-    leader = max(active, key=lambda i: _median(values[i]))
-    top, lead = _range(values[leader], chosen[leader][1]), _median(values[leader])
+    leader, top = _leader(active, values, chosen)
+    lead = _median(values[leader])
     still = [i for i in active if overlap(_range(values[i], chosen[i][1]), top)]
     equal = [
         i
@@ -171,13 +171,19 @@ def _still_open(active: list[int], values: list[list[Value]],
     return [i for i in still if i not in equal], equal
 
 
+def _leader(active: list[int], values: list[list[Value]],
+            chosen: list[tuple[str, TrialRecord]]) -> tuple[int, Interval | None]:  # fmt: skip
+    """The entry with the highest median so far, and its range."""
+    leader = max(active, key=lambda i: _median(values[i]))
+    return leader, _range(values[leader], chosen[leader][1])
+
+
 def _below_leader(position: int, active: list[int], values: list[list[Value]],
                   chosen: list[tuple[str, TrialRecord]]) -> bool:  # fmt: skip
     """Whether ``position``'s range lies apart from (below) the leader's as measured so far:
     another run of it cannot make it the pick, so a round does not pay for one."""
-    leader = max(active, key=lambda i: _median(values[i]))
-    mine = _range(values[position], chosen[position][1])
-    return position != leader and not overlap(mine, _range(values[leader], chosen[leader][1]))
+    leader, top = _leader(active, values, chosen)
+    return position != leader and not overlap(_range(values[position], chosen[position][1]), top)
 
 
 def _rerun(runner: TrialRunner, settings: TrialSettings, chosen: list[tuple[str, TrialRecord]],
