@@ -8,7 +8,8 @@ worker, a rerun, ``autotune tune --finish``) reads it instead of measuring again
 
 The claim is atomic in every Optuna RDB storage: it is the creation of a marker
 study, ``<study>:final-comparison:<key>``, whose name the storage keeps unique, so of
-two workers claiming at once exactly one succeeds.
+two workers claiming at once exactly one succeeds. The other waits for the result, as long
+as the claimant's re-runs may take, and reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import hashlib
 import json
 import os
 import socket
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,7 @@ from pydantic import ValidationError
 
 from autotune.records import TrialSettings
 from autotune.search import _study
-from autotune.search._compare import compare, entries
+from autotune.search._compare import OVERHEAD_SHARE, compare, entries
 from autotune.search._records import Comparison, TrialRecord
 from autotune.search._runner import TrialRunner, pid_alive
 
@@ -100,8 +103,9 @@ def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecor
     """The study's final comparison: read back, run here once (``overhead_s``: this worker's
     profiles and start-up, :func:`compare`'s), or left to the last worker.
 
-    Returns ``None`` (with a note saying why) when another worker still runs trials
-    or has claimed the comparison; ``autotune tune --finish`` reads it later.
+    Returns ``None`` (with a note saying why) when another worker still runs trials, or
+    claimed the comparison and has not written it within :func:`claimant_wait_s`;
+    ``autotune tune --finish`` reads it later.
     """
     if not ranked:
         return None
@@ -117,8 +121,35 @@ def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecor
                      "finishes last runs the final comparison; --finish reads it")  # fmt: skip
         return None
     if not claim(study, key):
-        notes.append("another worker is running the final comparison: --finish reads it")
-        return None
+        wait = claimant_wait_s(ranked, baseline, settings)
+        print(f"autotune: another worker claimed the final comparison; waiting up to {wait:.0f} s "
+              "for its result", file=sys.stderr, flush=True)  # fmt: skip
+        stored = await_comparison(study, key, wait)
+        if stored is None:
+            notes.append(f"another worker is running the final comparison (not written after "
+                         f"{wait:.0f} s): --finish reads it")  # fmt: skip
+            return None
+        notes.append(f"final comparison read from the study (run once, by {stored.by})")
+        return stored.comparison
     comparison = compare(runner, settings, ranked, baseline, repeats, overhead_s)
     write(study, key, comparison)
     return comparison
+
+
+def claimant_wait_s(ranked: list[TrialRecord], baseline: TrialRecord | None,
+                    settings: TrialSettings) -> float:  # fmt: skip
+    """The longest the claimant's comparison may take: its re-runs stop starting rounds at
+    :data:`~autotune.search._compare.OVERHEAD_SHARE` of the search's trial time, and a round
+    in flight (every entry and the code change's twin, each within the trial timeout) ends."""
+    searched = sum(record.duration_s or 0.0 for record in ranked)
+    return OVERHEAD_SHARE * searched + (len(entries(ranked, baseline)) + 1) * settings.timeout_s
+
+
+def await_comparison(study: Any, key: str, wait_s: float, poll_s: float = 1.0) -> Stored | None:
+    """The comparison for ``key`` once another worker writes it; ``None`` after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        stored = read(study, key)  # Optuna reads the study's attributes from storage each time
+        if stored is not None or time.monotonic() >= deadline:
+            return stored
+        time.sleep(poll_s)

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import optuna
@@ -18,7 +19,8 @@ from _search import run_tune
 
 from autotune.records import Plan
 from autotune.search import TrialResult, TrialSettings
-from autotune.search._final import ATTR, claim, comparison_key
+from autotune.search._compare import compare
+from autotune.search._final import ATTR, claim, comparison_key, final_comparison, write
 from autotune.search._records import TrialRecord
 from autotune.search._runner import FakeRunner
 from autotune.search._tune import best_records
@@ -94,10 +96,10 @@ def test_two_workers_run_the_final_comparison_once(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{storage}")
     assert study.user_attrs[ATTR]["comparison"] == compared
     other = results[1 - ran[0]]
-    # The other worker read the stored result, or left it to the one still running.
-    assert other["comparison"] in (compared, None)
-    if other["comparison"] is None:
-        assert any("--finish" in note for note in other["notes"])
+    # The other worker waited for the trials still running, then for the comparison the first
+    # claimed, and read it: both end on one answer.
+    assert other["comparison"] == compared
+    assert any("final comparison read from the study" in note for note in other["notes"])
     # finish=True (`autotune tune --finish`) reads it back without measuring anything.
     runner = FakeRunner(behaviour)
     record = run_tune("m.py", global_batch=4, settings=TrialSettings(model_file="m.py", timeout_s=5),
@@ -182,3 +184,32 @@ def test_the_key_changes_only_when_what_would_be_compared_changes() -> None:
     assert comparison_key(best_records([*trials, _done(3, 1, 20.0)]), base, 2) != key
     assert comparison_key(best_records([*trials, _done(3, 1, 13.0)]), base, 2) != key
     assert comparison_key(best_records(trials), base, 3) != key
+
+
+def test_a_worker_that_loses_the_claim_waits_for_the_result(tmp_path: Path) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=url, study_name="autotune")
+    base = _done(0, 8, 10.0, "baseline")
+    ranked = best_records([base, _done(1, 4, 14.0), _done(2, 2, 12.0)])
+    settings = TrialSettings(model_file="m.py", timeout_s=1)
+    key = comparison_key(ranked, base, 0)
+    assert claim(study, key)  # another worker's: it writes its result a second later
+    theirs = compare(FakeRunner(behaviour), settings, ranked, base, 0)
+    elsewhere = optuna.load_study(study_name="autotune", storage=url)
+    writer = threading.Timer(1.0, write, (elsewhere, key, theirs))
+    writer.start()
+    runner, notes = FakeRunner(behaviour), []
+    got = final_comparison(study, ranked, base, runner, settings, 0, notes)
+    writer.join()
+    assert got == theirs and runner.plans == [], "read, not measured again"
+    assert any("final comparison read from the study" in note for note in notes)
+    # A claimant that never writes: given up after its longest comparison (no search time
+    # here: a round of the best, the baseline and a twin, each within the 1-s timeout), with
+    # a note; --finish reads it later.
+    more = best_records([base, _done(1, 4, 14.0), _done(2, 2, 13.9)])
+    assert claim(study, comparison_key(more, base, 0))
+    notes = []
+    assert final_comparison(study, more, base, runner, settings, 0, notes) is None
+    assert runner.plans == []
+    assert any("not written after 4 s" in note and "--finish" in note for note in notes)
