@@ -3,7 +3,8 @@
 Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/step_time.py MODEL --nproc-per-node 2 \\
            --global-batch 8 --profile-batch 1 --measurements FILE [--rounds 2] [--profile PROFILE] \\
            [--grid "engines=zero0,zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 \\
-                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--tune-profiles] [--print-only]
+                    ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--tune-profiles] \\
+           [--print-only | --relink]
 
 Predicted: ``estimate(plan).predicted_step_seconds`` of one profile (``--profile``, else FILE's
 ``.profile.json``, measured once); with ``--tune-profiles`` instead of tune's own two short
@@ -15,8 +16,9 @@ each plan ``--rounds`` times in one live worker group, round r in an order rotat
 median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
 without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and peak and
 the first link, by model sha256 and plan JSON, written after every trial (the link also keeps each
-engine's own cost, which the ranks measure after one trial where FILE's link lacks it: the kept
-link's own fits stay); a plan with its rounds
+engine's own cost, which the ranks measure after one trial where FILE's link lacks it, against
+the kept link, which stays; ``--relink`` sweeps the link anew and measures every engine's cost
+against that, both kept in their place); a plan with its rounds
 there is not run again, so a run resumes and a changed estimate re-prints against the same
 measurements; ``--print-only`` runs no trial at all (a plan FILE lacks shows no measurement).
 """
@@ -68,6 +70,10 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--measurements", type=Path, required=True, help="JSON file, kept and reused")  # fmt: skip
     parser.add_argument("--profile", type=Path, help="a saved ProfileRecord JSON (default: measure)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per trial")
+    parser.add_argument("--relink", action="store_true",
+                        help="sweep the link anew and measure the engines' costs against it, "
+                        "both kept in place of the kept ones (default: the costs of engines "
+                        "not measured yet, against the kept link)")  # fmt: skip
     parser.add_argument("--print-only", action="store_true",
                         help="run no trial: print this commit's predictions against the kept "
                         "measurements (plans without them show no measurement)")  # fmt: skip
@@ -88,6 +94,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             _refuse(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
     if not args.measurements.parent.is_dir():
         _refuse(f"--measurements {args.measurements}: no folder {args.measurements.parent}")
+    if getattr(args, "relink", False) and args.print_only:
+        _refuse("--relink: sweeps the link on the ranks, and --print-only runs nothing")
 
 
 def make_plans(args: argparse.Namespace, blocks: int | None) -> list[Any]:
@@ -221,6 +229,7 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
     (the largest rank's bytes), by plan JSON. Returns why each plan that failed this time did.
     """
     from autotune.estimator import engine_keys
+    from autotune.records import LinkMeasure
     from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.search import PoolRunner, TrialSettings
     from autotune.search._outcome import classify_outcome
@@ -232,28 +241,33 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
     failed: dict[str, str] = {}
     keys = engine_keys(plans)
     measured = {cost["engine"] for cost in (entry.get("link") or {}).get("engine_costs", [])}
-    if not todo and set(keys) <= measured:
+    calibrate = args.relink or not set(keys) <= measured
+    if not todo and not calibrate:
         return failed
+    known = (LinkMeasure.model_validate(entry["link"])
+             if entry.get("link") and not args.relink else None)  # fmt: skip
     settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu",
-                             timeout_s=args.timeout, engine_costs=keys)  # fmt: skip
+                             timeout_s=args.timeout, engine_costs=keys, known_link=known)  # fmt: skip
     done = 0
     with tempfile.TemporaryDirectory() as tmp, PoolRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp)) as pool:  # fmt: skip
         print(f"worker group of {args.nproc_per_node} ranks started in "
               f"{pool.warm_up(plans[:1], settings):.0f} s", flush=True)  # fmt: skip
-        if not set(keys) <= measured:  # the kept link predates these engines' costs
-            print(f"the link and {len(keys)} engines' own costs, after a trial of "
+        if calibrate:  # the kept link predates these engines' costs, or is swept anew
+            what = "against the kept link" if known else "and the link"
+            print(f"{len(keys)} engines' own costs {what}, after a trial of "
                   f"{plans[0].describe()} ... ", end="", flush=True)  # fmt: skip
             result = pool.run(plans[0], settings).result
             if result is None or result.link is None:
-                _refuse("the calibration trial swept no link")
-            swept = result.link.model_dump(mode="json")
-            if entry.get("link"):  # the link swept with the measurements stays theirs
-                swept = {**entry["link"], "engine_costs": swept["engine_costs"]}
-            entry["link"] = swept
+                _refuse("the calibration trial measured no link")
+            # a kept link (swept with the measurements) stays theirs: the costs were measured
+            # against it, as tune measures them against the link it predicts with
+            entry["link"] = result.link.model_dump(mode="json")
             print(_link(result.link), flush=True)
             _save(args.measurements, kept)
         if entry.get("link"):  # kept, or just swept: the trials need not sweep again
-            settings = settings.model_copy(update={"sweep_link": False, "engine_costs": []})
+            settings = settings.model_copy(
+                update={"sweep_link": False, "engine_costs": [], "known_link": None}
+            )
         for index in range(args.rounds):
             shift = index % len(plans)
             for plan in plans[shift:] + plans[:shift]:

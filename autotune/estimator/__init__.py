@@ -53,6 +53,7 @@ from autotune.estimator._engine_cost import (
     engine_stacks,
     fit_engine_cost,
     stack_communication,
+    stack_optimizer_scale,
     stack_plan,
 )
 from autotune.estimator._estimator import (
@@ -105,6 +106,7 @@ __all__ = [
     "engine_stacks",
     "fit_engine_cost",
     "stack_communication",
+    "stack_optimizer_scale",
     "stack_plan",
     "BF16_RATIO_FIGURE",
     "FACT_OF_FIGURE",

@@ -4,12 +4,16 @@ collectives' count sees it, and on a small model it is most of the difference be
 measured step: on tiny Llama, ZeRO-3's step took twice what its compute and collectives predict.
 
 It is measured on the ranks themselves (``autotune.runtime.trial.engine_cost``): each engine runs
-stacks of small bias-free matrices, and what its micro-batches and its optimizer step take beyond
-the stack's own compute and the collectives :mod:`._comm` times is fitted as ``fixed +
-per_tensor * tensors (+ per_module * sharded modules)``, each slope at 0 or above. DeepSpeed's
-hooks are per parameter tensor: two stacks of one-matrix blocks, 4 and 16 deep. FSDP2's are per
-sharded module (each block, and the root) and per tensor (its copies and its DTensor optimizer
-step): a third stack of 4 blocks of 8 matrices tells the two apart. Pure: no torch.
+stacks of bias-free square matrices, and what its micro-batches and its optimizer step take
+beyond the stack's own compute and optimizer step and the collectives :mod:`._comm` times is
+fitted as ``fixed + per_tensor * tensors + per_element * elements (+ per_module * sharded
+modules)``, each slope at 0 or above. DeepSpeed's hooks are per parameter tensor: two stacks of
+one-matrix blocks of :data:`STACK_WIDTH`, 4 and 16 deep. Its copies, bucketing and
+accumulation of the gradients are per element, and past the CPU's caches they cost several
+times what they do inside them: a third stack of :data:`WIDE_WIDTH`-wide matrices, more bytes
+than a last-level cache holds, times them. FSDP2's hooks are per sharded module (each block,
+and the root) and per tensor (its copies and its DTensor optimizer step): a stack of 4 blocks of
+8 matrices tells the two apart. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -21,14 +25,26 @@ from autotune.estimator._comm import collective_seconds, measured_link, step_cal
 from autotune.records import EngineCost, LinkMeasure, Plan
 
 STACK_WIDTH = 8
-"""The calibration stacks' matrices: ``STACK_WIDTH`` x ``STACK_WIDTH``, bias-free, so compute
-and bytes are negligible and the engine's own work is what is left."""
+"""The narrow stacks' matrices: ``STACK_WIDTH`` x ``STACK_WIDTH``, bias-free, so compute and
+bytes are negligible and the engine's work per tensor is what is left."""
+WIDE_WIDTH = 2048
+"""The wide stack's matrices: 2 of ``WIDE_WIDTH`` x ``WIDE_WIDTH``, 8.4M elements, 34 MB in
+fp32 (each of the weights, the gradients and the engine's buffers): more than the 32 MiB
+last-level cache of the CPUs this was built on, so the engine's work per element is timed
+streaming from memory, as a real model's is."""
 
-DEEPSPEED_STACKS = ((4, 1), (16, 1))
-"""(blocks, matrices per block) of the stacks DeepSpeed runs: its cost per tensor shows between
-them (ZeRO-3: ~0.4 ms a tensor a micro-batch on a 2-core CPU)."""
-FSDP2_STACKS = ((4, 1), (16, 1), (4, 8))
-"""... and FSDP2's: the third has the first's modules and the second's tensors twice over."""
+Stack = tuple[int, int, int]
+"""(blocks, matrices per block, matrix width) of a calibration stack."""
+
+DEEPSPEED_STACKS: tuple[Stack, ...] = (
+    (4, 1, STACK_WIDTH),
+    (16, 1, STACK_WIDTH),
+    (2, 1, WIDE_WIDTH),
+)
+"""The stacks DeepSpeed runs: its cost per tensor shows between the first two (ZeRO-3: ~0.4 ms a
+tensor a micro-batch on a 2-core CPU), its cost per element in the third."""
+FSDP2_STACKS: tuple[Stack, ...] = (*DEEPSPEED_STACKS, (4, 8, STACK_WIDTH))
+"""... and FSDP2's: the fourth has the first's modules and the second's tensors twice over."""
 
 
 def engine_key(plan: Plan) -> str | None:
@@ -51,8 +67,8 @@ def engine_keys(plans: Sequence[Plan]) -> list[str]:
     return list(dict.fromkeys(key for key in map(engine_key, plans) if key is not None))
 
 
-def engine_stacks(key: str) -> tuple[tuple[int, int], ...]:
-    """The (blocks, matrices per block) stacks the calibration runs the engine ``key`` on."""
+def engine_stacks(key: str) -> tuple[Stack, ...]:
+    """The (blocks, matrices per block, width) stacks the calibration runs the engine ``key`` on."""
     return FSDP2_STACKS if key.startswith("fsdp2") else DEEPSPEED_STACKS
 
 
@@ -69,13 +85,20 @@ def stack_plan(key: str, world_size: int, grad_accum: int) -> Plan:
                 engine=engine, nproc_per_node=world_size)  # type: ignore[arg-type]  # fmt: skip
 
 
+def stack_optimizer_scale(key: str, world_size: int) -> float:
+    """The share of the model's optimizer step a rank of the engine ``key`` takes, as the time
+    model counts it: its shard (``1 / world_size``) under ZeRO-1 to 3 and FSDP2, the whole under
+    ZeRO-0."""
+    return 1.0 if key.startswith("deepspeed-0") else 1.0 / world_size
+
+
 def stack_communication(
-    key: str, blocks: int, per_block: int, link: LinkMeasure
+    key: str, blocks: int, per_block: int, width: int, link: LinkMeasure
 ) -> tuple[float, float]:
     """Seconds of collectives the time model counts for a calibration stack of ``blocks`` blocks
-    of ``per_block`` matrices under ``key`` on ``link``: per micro-batch, and once per
-    optimizer step."""
-    size = STACK_WIDTH * STACK_WIDTH
+    of ``per_block`` matrices ``width`` wide under ``key`` on ``link``: per micro-batch, and once
+    per optimizer step."""
+    size = width * width
     tensors = blocks * per_block
 
     def seconds(grad_accum: int) -> float:
@@ -91,50 +114,53 @@ def stack_communication(
 
 def fit_engine_cost(
     key: str,
-    stacks: Sequence[tuple[int, int]],
+    stacks: Sequence[Stack],
     micro: Sequence[float],
     step: Sequence[float],
     steps: int,
 ) -> EngineCost:
     """Each figure (``micro``: a micro-batch's seconds, ``step``: the boundary's extra) over the
-    ``(blocks, matrices per block)`` stacks, fitted as ``fixed + per_tensor * tensors +
-    per_module * sharded modules`` by least squares, no slope below 0 (noise): a negative one
-    is dropped and the rest fitted again.
+    ``(blocks, matrices per block, width)`` stacks, fitted as ``fixed + per_tensor * tensors +
+    per_module * sharded modules + per_element * elements`` by least squares, no slope below 0
+    (noise): a negative one is dropped and the rest fitted again.
 
     Raises:
         ValueError: fewer distinct stacks than the fit has terms.
     """
-    rows = [(float(blocks * per_block), float(sharded_modules(key, blocks)))
-            for blocks, per_block in stacks]  # fmt: skip
-    used = [0, 1] if key.startswith("fsdp2") else [0]
+    rows = [(float(blocks * per_block), float(sharded_modules(key, blocks)),
+             float(blocks * per_block * width * width))
+            for blocks, per_block, width in stacks]  # fmt: skip
+    used = [0, 1, 2] if key.startswith("fsdp2") else [0, 2]
     if len(set(rows)) < len(used) + 1:
         raise ValueError(f"an engine's cost needs {len(used) + 1} or more distinct stacks")
     micro_fit = _nonnegative_fit(rows, micro, used)
     step_fit = _nonnegative_fit(rows, step, used)
-    return EngineCost(engine=key, steps=steps,
-                      blocks=[b for b, _ in stacks], per_block=[k for _, k in stacks],
+    return EngineCost(engine=key, steps=steps, blocks=[s[0] for s in stacks],
+                      per_block=[s[1] for s in stacks], width=[s[2] for s in stacks],
                       micro_fixed_s=micro_fit[0], micro_per_tensor_s=micro_fit[1],
-                      micro_per_module_s=micro_fit[2], step_fixed_s=step_fit[0],
-                      step_per_tensor_s=step_fit[1], step_per_module_s=step_fit[2])  # fmt: skip
+                      micro_per_module_s=micro_fit[2], micro_per_element_s=micro_fit[3],
+                      step_fixed_s=step_fit[0], step_per_tensor_s=step_fit[1],
+                      step_per_module_s=step_fit[2], step_per_element_s=step_fit[3])  # fmt: skip
 
 
 def _nonnegative_fit(
-    rows: Sequence[tuple[float, float]], ys: Sequence[float], used: list[int]
-) -> tuple[float, float, float]:
-    """``(fixed, per_tensor, per_module)`` of ``ys`` on the ``used`` columns of ``rows``, by
-    least squares; while a slope is negative, its column is dropped and the rest refitted."""
+    rows: Sequence[tuple[float, float, float]], ys: Sequence[float], used: list[int]
+) -> tuple[float, float, float, float]:
+    """``(fixed, per_tensor, per_module, per_element)`` of ``ys`` on the ``used`` columns of
+    ``rows``, by least squares; while a slope is negative, its column is dropped and the rest
+    refitted."""
     while True:
         coefficients = _least_squares([[1.0, *(row[i] for i in used)] for row in rows], ys)
         negative = [i for i, c in zip(used, coefficients[1:], strict=True) if c < 0]
         if not negative:
             slopes = dict(zip(used, coefficients[1:], strict=True))
-            return coefficients[0], slopes.get(0, 0.0), slopes.get(1, 0.0)
+            return coefficients[0], slopes.get(0, 0.0), slopes.get(1, 0.0), slopes.get(2, 0.0)
         used = [i for i in used if i != negative[0]]
 
 
 def _least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
     """The coefficients minimising the squared residuals of ``ys`` on the columns of ``xs``
-    (the normal equations, solved by Gauss-Jordan elimination: at most three columns here)."""
+    (the normal equations, solved by Gauss-Jordan elimination: at most four columns here)."""
     n = len(xs[0])
     a = [[sum(r[i] * r[j] for r in xs) for j in range(n)]
          + [sum(r[i] * y for r, y in zip(xs, ys, strict=True))] for i in range(n)]  # fmt: skip
@@ -149,27 +175,32 @@ def _least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[f
 
 
 def engine_seconds(
-    plan: Plan, link: LinkMeasure | None, tensors: int | None, blocks: int
+    plan: Plan, link: LinkMeasure | None, sizes: Sequence[int] | None, blocks: int
 ) -> tuple[float, str | None]:
-    """What the plan's engine adds to its step for a model of ``tensors`` parameter tensors and
-    ``blocks`` blocks, and the note that says so: ``grad_accum`` micro-batches and one optimizer
-    step of the measured cost; 0 with why, where the plan runs no engine, or nothing measured it."""
+    """What the plan's engine adds to its step for a model of parameter tensors of ``sizes``
+    elements and ``blocks`` blocks, and the note that says so: ``grad_accum`` micro-batches and
+    one optimizer step of the measured cost; 0 with why, where the plan runs no engine, or
+    nothing measured it."""
     key = engine_key(plan)
     if key is None:
         return 0.0, None
     cost = link.engine_cost(key) if link is not None else None
     if cost is None:
         return 0.0, f"the {key} engine's own per-step cost not included: not measured here"
-    if tensors is None:
+    if sizes is None:
         return 0.0, (f"the {key} engine's own per-step cost not included: the model's parameter "
                      "tensors are not known")  # fmt: skip
+    tensors, elements = len(sizes), sum(sizes)
     modules = sharded_modules(key, blocks)
     micro = max(cost.micro_fixed_s + cost.micro_per_tensor_s * tensors
-                + cost.micro_per_module_s * modules, 0.0)  # fmt: skip
+                + cost.micro_per_module_s * modules + cost.micro_per_element_s * elements,
+                0.0)  # fmt: skip
     boundary = max(cost.step_fixed_s + cost.step_per_tensor_s * tensors
-                   + cost.step_per_module_s * modules, 0.0)  # fmt: skip
+                   + cost.step_per_module_s * modules + cost.step_per_element_s * elements,
+                   0.0)  # fmt: skip
     total = plan.grad_accum * micro + boundary
-    what = f"{tensors} parameter tensors" + (f", {modules} sharded modules" if modules else "")
+    what = (f"{tensors} parameter tensors of {elements:,} elements"
+            + (f", {modules} sharded modules" if modules else ""))  # fmt: skip
     return total, (
         f"the {key} engine's own work: {total * 1e3:.1f} ms per step ({plan.grad_accum} x "
         f"{micro * 1e3:.2f} ms per micro-batch + {boundary * 1e3:.2f} ms per optimizer step at "

@@ -71,16 +71,15 @@ class MemoryEstimate(_Record):
     peak_composition: str
 
 
-STEP_SECONDS_BAND = (0.87, 1.23)
+STEP_SECONDS_BAND = (0.84, 1.15)
 """Measured over predicted seconds per step, 10th and 90th percentiles, over bench/step_time.py's
 32 GPT-2 small (124M) plans on 2 ranks (ZeRO-0/2/3 and FSDP2 x fp32/bf16 x no/all blocks
 checkpointed x accumulation 1/4, one profile at micro-batch 1, the median of two interleaved
-measured rounds each, so the machine's noise is in it; with collectives timed on the fit of the
-link's sweep rather than its points, 0.86 and 1.28): the interval stated beside every predicted
-step time. In-sample at that model; bench/step_time.py prints how many plans of each model fall
-inside (with each engine's own work measured and counted, 0.87 and 1.20 at 124M; 0.82-1.44 on tiny
-Llama and 0.76-1.50 on a zoo BERT, whose accumulated micro-batches of one sample run slower in a
-trial than in the profile, which puts those plans above)."""
+measured rounds each, so the machine's noise is in it), with each engine's own work per tensor
+and per element measured against the link swept up to 64 MiB: the interval stated beside every
+predicted step time. In-sample at that model; bench/step_time.py prints how many plans of each
+model fall inside (before the per-element work and the longer sweep, 0.87 and 1.23; the history
+is in bench/CHANGELOG.md)."""
 
 
 def step_seconds_interval(seconds: float | None) -> tuple[float, float] | None:
@@ -388,8 +387,9 @@ def estimate_plan(
         )
     ref = facts.baseline.plan if facts.baseline else (reference or plan)
     host_step = _host_optimizer_seconds(facts, plan)
-    tensors = len(facts.parameter_sizes) if facts.parameter_sizes is not None else None
-    engine_s, engine_note = engine_seconds(plan, machine.link, tensors, facts.num_layers)
+    engine_s, engine_note = engine_seconds(
+        plan, machine.link, facts.parameter_sizes, facts.num_layers
+    )
     ratio, seconds, time_source, time_note = _step_ratio(
         facts, plan, ref, (comm_s or 0.0) + (offload_s or 0.0) + engine_s, host_step
     )

@@ -36,10 +36,10 @@ class LinkFit(Record):
 class EngineCost(Record):
     """The seconds an engine's own code adds to a step on these ranks beyond what the time
     model counts (the compute a profile measures, the collectives :mod:`autotune.estimator._comm`
-    times): its hooks, bucketing and bookkeeping. Measured on stacks of small matrices
+    times): its hooks, bucketing, copies and bookkeeping. Measured on stacks of square matrices
     (:mod:`autotune.runtime.trial.engine_cost`), each figure fitted as ``fixed + per_tensor *
-    parameter tensors + per_module * sharded modules`` (FSDP2's: each block, and the root;
-    none under DeepSpeed)."""
+    parameter tensors + per_element * parameter elements + per_module * sharded modules``
+    (FSDP2's: each block, and the root; none under DeepSpeed)."""
 
     engine: str = Field(
         description="the engine key: deepspeed-<stage>-<fp32|bf16> or "
@@ -50,13 +50,23 @@ class EngineCost(Record):
     micro_per_module_s: float = Field(
         default=0.0, ge=0, description="per micro-batch, per sharded module"
     )
+    micro_per_element_s: float = Field(
+        default=0.0, ge=0, description="per micro-batch, per parameter element"
+    )
     step_fixed_s: float = Field(description="per optimizer step (the accumulation boundary)")
     step_per_tensor_s: float = Field(ge=0, description="per optimizer step, per parameter tensor")
     step_per_module_s: float = Field(
         default=0.0, ge=0, description="per optimizer step, per sharded module"
     )
+    step_per_element_s: float = Field(
+        default=0.0, ge=0, description="per optimizer step, per parameter element"
+    )
     blocks: list[int] = Field(description="blocks of each stack measured")
     per_block: list[int] = Field(description="matrices per block of each stack")
+    width: list[int] = Field(
+        default_factory=list,
+        description="matrix width of each stack (empty in records that measured 8x8 stacks only)",
+    )
     steps: int = Field(ge=1, description="timed optimizer steps on each stack")
 
 

@@ -79,6 +79,12 @@ class TrialSettings(_Record):
         description="engines whose own per-step cost the sweep also measures "
         "(autotune.estimator.engine_key); only with sweep_link",
     )
+    known_link: LinkMeasure | None = Field(
+        default=None,
+        description="a link swept before, which the time model predicts with: with sweep_link, "
+        "the engines' own costs are measured against it, and no new sweep is made (a bench's "
+        "link, kept with its measurements)",
+    )
 
 
 class WorkerSpec(_Record):

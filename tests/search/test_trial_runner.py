@@ -292,16 +292,20 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     assert link is not None and link.world_size == 2 and link.backend == "gloo"
     assert {p.collective for p in link.points} == {"all_reduce", "all_gather", "reduce_scatter"}
     assert all(p.low <= p.seconds <= p.high for p in link.points)
+    # past 4 MiB the sweep grows while a call takes under 50 ms: the open loopback moves 4 MiB
+    # in a few ms (4-8 on a 2-core CPU), so it grew, every collective at every size
+    sizes = {p.nbytes for p in link.points}
+    assert max(sizes) > 4 * 2**20 and len(link.points) == 3 * len(sizes)
     # a collective whose points do not grow with size on this fast, noisy loopback (a
     # reduce-scatter once ranged 3.5-35 ms at 4 MiB) gets no fit of its own: the fit of all
     # the points times it
     assert link.bandwidth_bytes_per_s > 0 and link.collectives
     assert set(link.collectives) <= {"all_reduce", "all_gather", "reduce_scatter"}
-    # each engine asked for, on its stacks: DeepSpeed's two of one-matrix blocks, FSDP2's a
-    # third of 4 blocks of 8 matrices besides
+    # each engine asked for, on its stacks: DeepSpeed's two of one-matrix 8x8 blocks and one
+    # of two 2048x2048, FSDP2's a fourth of 4 blocks of 8 matrices besides
     assert [c.engine for c in link.engine_costs] == ["deepspeed-3-bf16", "fsdp2-3-fp32"]
-    assert [(c.blocks, c.per_block) for c in link.engine_costs] == [
-        ([4, 16], [1, 1]), ([4, 16, 4], [1, 1, 8])]  # fmt: skip
+    assert [(c.blocks, c.per_block, c.width) for c in link.engine_costs] == [
+        ([4, 16, 2], [1, 1, 1], [8, 8, 2048]), ([4, 16, 2, 4], [1, 1, 1, 8], [8, 8, 2048, 8])]  # fmt: skip
     assert all(c.steps == 4 and math.isfinite(c.micro_fixed_s + c.step_fixed_s)
                for c in link.engine_costs)  # fmt: skip
     # a run of a study that has its link and the plan's peak (a comparison's re-run): neither
@@ -310,6 +314,12 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
                                                          "sweep_link": False})).result  # fmt: skip
     assert again is not None and again.completed_steps == 3 and again.samples_per_s
     assert again.link is None and again.peak_memory_bytes == [] and again.peak_source is None
+    # a link known already (a bench's, kept with its measurements): the ranks sweep nothing new,
+    # and the link they report (the engines' costs would be measured against it) is that one
+    known = link.model_copy(update={"engine_costs": [], "latency_s": 0.25})
+    told = runner.run(plan, settings.model_copy(update={"measure_peak": False, "engine_costs": [],
+                                                        "known_link": known})).result  # fmt: skip
+    assert told is not None and told.link == known
     # torchrun's log folders went with the trials' own: none left in the temporary directory
     assert not list(system_tmp.glob("torchelastic_*")), list(system_tmp.iterdir())
 

@@ -1,7 +1,7 @@
 """Measure what each engine's own code adds to a step on the ranks of a live process group:
-DeepSpeed's or FSDP2's, on stacks of small matrices (``autotune.estimator.engine_stacks``), less
-the stack's own compute (timed here in plain torch) and the collectives the time model counts on
-the swept link (:mod:`autotune.estimator._engine_cost`)."""
+DeepSpeed's or FSDP2's, on stacks of square matrices (``autotune.estimator.engine_stacks``), less
+the stack's own compute and optimizer step (timed here in plain torch) and the collectives the
+time model counts on the swept link (:mod:`autotune.estimator._engine_cost`)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,30 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autotune.estimator import STACK_WIDTH, engine_stacks, fit_engine_cost, stack_communication
+from autotune.estimator import (
+    engine_stacks,
+    fit_engine_cost,
+    stack_communication,
+    stack_optimizer_scale,
+)
 from autotune.estimator import stack_plan as _stack_plan
 from autotune.records import EngineCost, LinkMeasure
 
 STEPS = 4
-"""Timed optimizer steps on each stack, after one untimed: about a second an engine."""
+"""Timed optimizer steps on each stack, after one untimed: a second or two an engine."""
+
+Stack = tuple[int, int, int]
+"""(blocks, matrices per block, matrix width)."""
 GRAD_ACCUM = 3
 """Micro-batches per step: the first two time a micro-batch, the last adds the boundary's."""
 
 
 class _Block(nn.Module):
-    """``matrices`` bias-free square matrices in a row."""
+    """``matrices`` bias-free square matrices ``width`` wide in a row."""
 
-    def __init__(self, matrices: int) -> None:
+    def __init__(self, matrices: int, width: int) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(
-            nn.Linear(STACK_WIDTH, STACK_WIDTH, bias=False) for _ in range(matrices)
-        )
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(matrices))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -40,11 +46,13 @@ class _Block(nn.Module):
 
 
 class _Stack(nn.Module):
-    """``blocks`` blocks of ``per_block`` matrices: a block stack FSDP2 shards block by block."""
+    """``blocks`` blocks of ``per_block`` matrices ``width`` wide: a block stack FSDP2 shards
+    block by block."""
 
-    def __init__(self, blocks: int, per_block: int) -> None:
+    def __init__(self, blocks: int, per_block: int, width: int) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(_Block(per_block) for _ in range(blocks))
+        self.width = width
+        self.blocks = nn.ModuleList(_Block(per_block, width) for _ in range(blocks))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -80,11 +88,11 @@ def _phases(micro: Callable[[bool], None], steps: int) -> tuple[float, float]:
     return float(both[0]), float(both[1])
 
 
-def _plain(stack: tuple[int, int], dtype: torch.dtype, steps: int) -> tuple[float, float]:
+def _plain(stack: Stack, dtype: torch.dtype, steps: int) -> tuple[float, float]:
     """The stack's own forward and backward, and its AdamW step, in plain torch."""
     model = _Stack(*stack).to(_device(), dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(1, STACK_WIDTH, dtype=dtype, device=_device())
+    x = torch.randn(1, model.width, dtype=dtype, device=_device())
 
     def micro(boundary: bool) -> None:
         loss = model(x).float().sum()
@@ -97,7 +105,7 @@ def _plain(stack: tuple[int, int], dtype: torch.dtype, steps: int) -> tuple[floa
     return _phases(micro, steps)
 
 
-def _deepspeed(key: str, stack: tuple[int, int], steps: int) -> tuple[float, float]:
+def _deepspeed(key: str, stack: Stack, steps: int) -> tuple[float, float]:
     from autotune.emit import emit_deepspeed_config
     from autotune.runtime.extensions import trial_deepspeed
     from autotune.runtime.trial.deepspeed_engine import _forget
@@ -106,12 +114,12 @@ def _deepspeed(key: str, stack: tuple[int, int], steps: int) -> tuple[float, flo
     plan = _stack_plan(key, dist.get_world_size(), GRAD_ACCUM)
     model = _Stack(*stack)
     config = emit_deepspeed_config(plan, world_size=plan.world_size,
-                                   parameters=stack[0] * stack[1] * STACK_WIDTH**2).config  # fmt: skip
+                                   parameters=stack[0] * stack[1] * stack[2] ** 2).config  # fmt: skip
     config["zero_allow_untested_optimizer"] = True  # as a trial runs it: a torch optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     dtype = torch.bfloat16 if key.endswith("bf16") else torch.float32
-    x = torch.randn(1, STACK_WIDTH, dtype=dtype, device=engine.device)
+    x = torch.randn(1, model.width, dtype=dtype, device=engine.device)
 
     def micro(boundary: bool) -> None:
         loss = engine(x).float().sum()
@@ -125,7 +133,7 @@ def _deepspeed(key: str, stack: tuple[int, int], steps: int) -> tuple[float, flo
         _forget(engine)
 
 
-def _fsdp2(key: str, stack: tuple[int, int], steps: int) -> tuple[float, float]:
+def _fsdp2(key: str, stack: Stack, steps: int) -> tuple[float, float]:
     from autotune.runtime.trial.fsdp2 import apply_fsdp2
 
     plan = _stack_plan(key, dist.get_world_size(), GRAD_ACCUM)
@@ -133,7 +141,7 @@ def _fsdp2(key: str, stack: tuple[int, int], steps: int) -> tuple[float, float]:
     model = _Stack(*stack).to(device)
     apply_fsdp2(model, plan, device.type)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(1, STACK_WIDTH, device=device)
+    x = torch.randn(1, model.width, device=device)
 
     def micro(boundary: bool) -> None:
         loss = model(x).float().sum()
@@ -150,14 +158,15 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
     """Each engine's own cost on these ranks (every rank must call this with the same keys).
 
     On each of the engine's stacks: its micro-batch and boundary (:func:`_phases`), less the
-    plain stack's (timed once per stack and dtype, whichever engines share it) and less the
-    collectives the time model counts for the stack on ``link``; then
-    :func:`autotune.estimator.fit_engine_cost` over the stacks.
+    plain stack's (timed once per stack and dtype, whichever engines share it; its optimizer
+    step scaled to the rank's shard, as the time model counts it) and less the collectives the
+    time model counts for the stack on ``link``; then :func:`autotune.estimator.fit_engine_cost`
+    over the stacks.
     """
     costs = []
-    plains: dict[tuple[tuple[int, int], torch.dtype], tuple[float, float]] = {}
+    plains: dict[tuple[Stack, torch.dtype], tuple[float, float]] = {}
     for key in keys:
-        run: Callable[[str, tuple[int, int], int], tuple[float, float]] = (
+        run: Callable[[str, Stack, int], tuple[float, float]] = (
             _fsdp2 if key.startswith("fsdp2") else _deepspeed
         )
         dtype = torch.bfloat16 if key.endswith("bf16") else torch.float32
@@ -171,7 +180,8 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
             plain = plains[stack, dtype]
             talk = stack_communication(key, *stack, link)
             micro.append(engine[0] - plain[0] - talk[0])
-            boundary.append(engine[1] - plain[1] - talk[1])
+            share = stack_optimizer_scale(key, link.world_size)
+            boundary.append(engine[1] - share * plain[1] - talk[1])
         costs.append(fit_engine_cost(key, stacks, micro, boundary, steps))
     return costs
 

@@ -114,8 +114,8 @@ def run_trial(
     from autotune.runtime.link import trial_link  # torch.distributed: only where a trial runs
     from autotune.runtime.trial.engine_cost import with_engine_costs
 
-    link = trial_link() if settings.sweep_link else None
-    if link is not None:  # the engines' own costs, on the link just swept
+    link = (settings.known_link or trial_link()) if settings.sweep_link else None
+    if link is not None:  # the engines' own costs, against the link the time model will use
         link = with_engine_costs(link, settings.engine_costs)
     peaks = _peaks(info, watch, settings.measure_peak)
     step_time = statistics.median(steps.times)
