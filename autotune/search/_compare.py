@@ -270,7 +270,8 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
     Where the best changes the model's code (the policy's attention or compile) its twin
     without them is listed too, run once where the search did not. The winner is the highest median (the
     search's run included); a winner gives way to its leaner twin (fewer blocks checkpointed,
-    or fewer code changes) when their ranges overlap, since what it adds did not show to pay.
+    fewer code changes, or a lower ZeRO stage) when their ranges overlap, since what it adds did
+    not show to pay.
     The speedup interval is the range of per-round ratios winner/baseline where both were
     re-run (slow phases of the machine hit both); otherwise the ratio of medians, its interval
     from their ranges.
@@ -298,19 +299,30 @@ def compare(runner: TrialRunner, settings: TrialSettings, ranked: list[TrialReco
 
 
 def _leaner(plan: Plan, than: Plan) -> bool:
-    """Whether ``plan`` is ``than`` less some of its checkpointed blocks and/or code changes
-    (attention, compile), and otherwise the same."""
-    fewer = plan.checkpoint_blocks <= than.checkpoint_blocks and plan.compile <= than.compile
+    """Whether ``plan`` is ``than`` less some of its checkpointed blocks, code changes
+    (attention, compile) and/or ZeRO stage (the same engine sharding less, so communicating
+    less), and otherwise the same."""
+    fewer = (plan.checkpoint_blocks <= than.checkpoint_blocks and plan.compile <= than.compile
+             and plan.zero_stage <= than.zero_stage)  # fmt: skip
     same = {"checkpoint_blocks": than.checkpoint_blocks, "attention": than.attention,
-            "compile": than.compile}  # fmt: skip
+            "compile": than.compile, "zero_stage": than.zero_stage}  # fmt: skip
     return (plan != than and fewer and plan.attention in ("default", than.attention)
             and plan.with_changes(**same) == than)  # fmt: skip
 
 
+def _unpaid(plan: Plan, than: Plan) -> str:
+    """What ``than`` turns that its leaner twin ``plan`` does not (:func:`_leaner`)."""
+    knobs = [("the checkpointing", plan.checkpoint_blocks < than.checkpoint_blocks),
+             (f"ZeRO stage {than.zero_stage}", plan.zero_stage < than.zero_stage),
+             ("the code change", _code_changes(plan) < _code_changes(than))]  # fmt: skip
+    return " and ".join(name for name, turned in knobs if turned)
+
+
 def _leaner_equal(measured: list[MeasuredPlan], winner: int) -> int:
-    """The leanest entry (fewest checkpointed blocks, then fewest code changes) that is the
-    winner's plan otherwise and whose range overlaps the winner's; the winner itself when there
-    is none."""
+    """The leanest entry (fewest checkpointed blocks, then fewest code changes, then the lowest
+    ZeRO stage) that is the winner's plan otherwise and whose range overlaps the winner's; the
+    winner itself when there is none. Both ran within the budget, so what the winner adds buys
+    no memory that is needed, and the measurements did not show it to buy time."""
     won = measured[winner]
     twins = [
         i
@@ -320,7 +332,8 @@ def _leaner_equal(measured: list[MeasuredPlan], winner: int) -> int:
         and (m.samples_per_s_interval or won.samples_per_s_interval) is not None
     ]
     return min(twins, default=winner,
-               key=lambda i: (measured[i].plan.checkpoint_blocks, _code_changes(measured[i].plan)))  # fmt: skip
+               key=lambda i: (measured[i].plan.checkpoint_blocks, _code_changes(measured[i].plan),
+                              measured[i].plan.zero_stage))  # fmt: skip
 
 
 def _speedup(rounds: list[Round], measured: list[MeasuredPlan], winner: int,
@@ -361,7 +374,8 @@ def recommendation(ranked: list[TrialRecord], comparison: Comparison | None, mod
                      "medians), so the policy's code change did not show to pay")  # fmt: skip
     elif _leaner(best.plan, ranked[0].plan):
         notes.append(f"{best.plan.describe()} is recommended over {ranked[0].plan.describe()}: "
-                     "their ranges overlap, so the checkpointing did not show to pay")  # fmt: skip
+                     f"their ranges overlap, so {_unpaid(best.plan, ranked[0].plan)} did not show "
+                     "to pay")  # fmt: skip
     elif labels[comparison.winner] not in (BEST, BOTH):
         notes.append(f"the {labels[comparison.winner]} measured fastest in the re-runs, "
                      f"not the search's best ({ranked[0].plan.describe()})")  # fmt: skip
