@@ -47,6 +47,7 @@ from autotune.estimator._device_flops import (
 )
 from autotune.estimator._engine_cost import (
     STACK_WIDTH,
+    EngineStack,
     engine_key,
     engine_keys,
     engine_seconds,
@@ -100,6 +101,7 @@ __all__ = [
     "step_calls",
     "step_communication",
     "STACK_WIDTH",
+    "EngineStack",
     "engine_key",
     "engine_keys",
     "engine_seconds",

@@ -33,17 +33,17 @@ fp32 (each of the weights, the gradients and the engine's buffers): more than th
 last-level cache of the CPUs this was built on, so the engine's work per element is timed
 streaming from memory, as a real model's is."""
 
-Stack = tuple[int, int, int]
+EngineStack = tuple[int, int, int]
 """(blocks, matrices per block, matrix width) of a calibration stack."""
 
-DEEPSPEED_STACKS: tuple[Stack, ...] = (
+DEEPSPEED_STACKS: tuple[EngineStack, ...] = (
     (4, 1, STACK_WIDTH),
     (16, 1, STACK_WIDTH),
     (2, 1, WIDE_WIDTH),
 )
 """The stacks DeepSpeed runs: its cost per tensor shows between the first two (ZeRO-3: ~0.4 ms a
 tensor a micro-batch on a 2-core CPU), its cost per element in the third."""
-FSDP2_STACKS: tuple[Stack, ...] = (*DEEPSPEED_STACKS, (4, 8, STACK_WIDTH))
+FSDP2_STACKS: tuple[EngineStack, ...] = (*DEEPSPEED_STACKS, (4, 8, STACK_WIDTH))
 """... and FSDP2's: the fourth has the first's modules and the second's tensors twice over."""
 
 
@@ -67,7 +67,7 @@ def engine_keys(plans: Sequence[Plan]) -> list[str]:
     return list(dict.fromkeys(key for key in map(engine_key, plans) if key is not None))
 
 
-def engine_stacks(key: str) -> tuple[Stack, ...]:
+def engine_stacks(key: str) -> tuple[EngineStack, ...]:
     """The (blocks, matrices per block, width) stacks the calibration runs the engine ``key`` on."""
     return FSDP2_STACKS if key.startswith("fsdp2") else DEEPSPEED_STACKS
 
@@ -114,7 +114,7 @@ def stack_communication(
 
 def fit_engine_cost(
     key: str,
-    stacks: Sequence[Stack],
+    stacks: Sequence[EngineStack],
     micro: Sequence[float],
     step: Sequence[float],
     steps: int,

@@ -138,11 +138,14 @@ def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecor
 
 def claimant_wait_s(ranked: list[TrialRecord], baseline: TrialRecord | None,
                     settings: TrialSettings) -> float:  # fmt: skip
-    """The longest the claimant's comparison may take: its re-runs stop starting rounds at
-    :data:`~autotune.search._compare.OVERHEAD_SHARE` of the search's trial time, and a round
-    in flight (every entry and the code change's twin, each within the trial timeout) ends."""
+    """How long the claimant's comparison may take: its re-runs stop starting rounds at
+    :data:`~autotune.search._compare.OVERHEAD_SHARE` of the search's trial time, and a round in
+    flight ends: every entry and the code change's twin, each run about as long as the search's
+    run of it (the trial timeout where unknown), given twice that."""
     searched = sum(record.duration_s or 0.0 for record in ranked)
-    return OVERHEAD_SHARE * searched + (len(entries(ranked, baseline)) + 1) * settings.timeout_s
+    listed = [record for _, record in entries(ranked, baseline)] + [ranked[0]]
+    round_s = sum(record.duration_s or settings.timeout_s for record in listed)
+    return OVERHEAD_SHARE * searched + 2 * round_s
 
 
 def await_comparison(study: Any, key: str, wait_s: float, poll_s: float = 1.0) -> Stored | None:

@@ -192,7 +192,7 @@ def test_a_worker_that_loses_the_claim_waits_for_the_result(tmp_path: Path) -> N
     study = optuna.create_study(storage=url, study_name="autotune")
     base = _done(0, 8, 10.0, "baseline")
     ranked = best_records([base, _done(1, 4, 14.0), _done(2, 2, 12.0)])
-    settings = TrialSettings(model_file="m.py", timeout_s=1)
+    settings = TrialSettings(model_file="m.py", timeout_s=1)  # each run's length: unknown here
     key = comparison_key(ranked, base, 0)
     assert claim(study, key)  # another worker's: it writes its result a second later
     theirs = compare(FakeRunner(behaviour), settings, ranked, base, 0)
@@ -204,12 +204,15 @@ def test_a_worker_that_loses_the_claim_waits_for_the_result(tmp_path: Path) -> N
     writer.join()
     assert got == theirs and runner.plans == [], "read, not measured again"
     assert any("final comparison read from the study" in note for note in notes)
-    # A claimant that never writes: given up after its longest comparison (no search time
-    # here: a round of the best, the baseline and a twin, each within the 1-s timeout), with
-    # a note; --finish reads it later.
-    more = best_records([base, _done(1, 4, 14.0), _done(2, 2, 13.9)])
-    assert claim(study, comparison_key(more, base, 0))
+    # A claimant that never writes: given up after its longest comparison, with a note;
+    # --finish reads it later. Three search runs of 0.25 s, 30 % of which the re-runs may take,
+    # and a round in flight of the best, the baseline, the runner-up and the twin, given twice
+    # their 0.25 s: 0.225 + 2 s.
+    more = [r.model_copy(update={"duration_s": 0.25})
+            for r in best_records([base, _done(1, 4, 14.0), _done(2, 2, 13.9)])]  # fmt: skip
+    timed_base = next(r for r in more if r.role == "baseline")
+    assert claim(study, comparison_key(more, timed_base, 0))
     notes = []
-    assert final_comparison(study, more, base, runner, settings, 0, notes) is None
+    assert final_comparison(study, more, timed_base, runner, settings, 0, notes) is None
     assert runner.plans == []
-    assert any("not written after 4 s" in note and "--finish" in note for note in notes)
+    assert any("not written after 2 s" in note and "--finish" in note for note in notes)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.estimator import (
+    EngineStack,
     engine_stacks,
     fit_engine_cost,
     stack_communication,
@@ -26,8 +27,6 @@ from autotune.records import EngineCost, LinkMeasure
 STEPS = 4
 """Timed optimizer steps on each stack, after one untimed: a second or two an engine."""
 
-Stack = tuple[int, int, int]
-"""(blocks, matrices per block, matrix width)."""
 GRAD_ACCUM = 3
 """Micro-batches per step: the first two time a micro-batch, the last adds the boundary's."""
 
@@ -88,7 +87,7 @@ def _phases(micro: Callable[[bool], None], steps: int) -> tuple[float, float]:
     return float(both[0]), float(both[1])
 
 
-def _plain(stack: Stack, dtype: torch.dtype, steps: int) -> tuple[float, float]:
+def _plain(stack: EngineStack, dtype: torch.dtype, steps: int) -> tuple[float, float]:
     """The stack's own forward and backward, and its AdamW step, in plain torch."""
     model = _Stack(*stack).to(_device(), dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -105,7 +104,7 @@ def _plain(stack: Stack, dtype: torch.dtype, steps: int) -> tuple[float, float]:
     return _phases(micro, steps)
 
 
-def _deepspeed(key: str, stack: Stack, steps: int) -> tuple[float, float]:
+def _deepspeed(key: str, stack: EngineStack, steps: int) -> tuple[float, float]:
     from autotune.emit import emit_deepspeed_config
     from autotune.runtime.extensions import trial_deepspeed
     from autotune.runtime.trial.deepspeed_engine import _forget
@@ -133,7 +132,7 @@ def _deepspeed(key: str, stack: Stack, steps: int) -> tuple[float, float]:
         _forget(engine)
 
 
-def _fsdp2(key: str, stack: Stack, steps: int) -> tuple[float, float]:
+def _fsdp2(key: str, stack: EngineStack, steps: int) -> tuple[float, float]:
     from autotune.runtime.trial.fsdp2 import apply_fsdp2
 
     plan = _stack_plan(key, dist.get_world_size(), GRAD_ACCUM)
@@ -164,9 +163,9 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
     over the stacks.
     """
     costs = []
-    plains: dict[tuple[Stack, torch.dtype], tuple[float, float]] = {}
+    plains: dict[tuple[EngineStack, torch.dtype], tuple[float, float]] = {}
     for key in keys:
-        run: Callable[[str, Stack, int], tuple[float, float]] = (
+        run: Callable[[str, EngineStack, int], tuple[float, float]] = (
             _fsdp2 if key.startswith("fsdp2") else _deepspeed
         )
         dtype = torch.bfloat16 if key.endswith("bf16") else torch.float32
