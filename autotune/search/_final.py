@@ -112,8 +112,7 @@ def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecor
     key = comparison_key(ranked, baseline, repeats)
     stored = read(study, key)
     if stored is not None:
-        notes.append(f"final comparison read from the study (run once, by {stored.by})")
-        return stored.comparison
+        return _read_back(stored, notes)
     busy = still_running(study)
     if busy:
         shown = ", ".join(map(str, busy))
@@ -129,11 +128,16 @@ def final_comparison(study: Any, ranked: list[TrialRecord], baseline: TrialRecor
             notes.append(f"another worker is running the final comparison (not written after "
                          f"{wait:.0f} s): --finish reads it")  # fmt: skip
             return None
-        notes.append(f"final comparison read from the study (run once, by {stored.by})")
-        return stored.comparison
+        return _read_back(stored, notes)
     comparison = compare(runner, settings, ranked, baseline, repeats, overhead_s)
     write(study, key, comparison)
     return comparison
+
+
+def _read_back(stored: Stored, notes: list[str]) -> Comparison:
+    """A comparison another run wrote, and the note that says so."""
+    notes.append(f"final comparison read from the study (run once, by {stored.by})")
+    return stored.comparison
 
 
 def claimant_wait_s(ranked: list[TrialRecord], baseline: TrialRecord | None,
