@@ -7,6 +7,7 @@ from a trace without allocation (``autotune.runtime.trace``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pydantic import Field
 
@@ -21,9 +22,9 @@ from autotune.estimator._modelfacts import (
     ModelFacts,
     Source,
     activation_spec,
-    block_share,
     facts_from_profile,
     fit_step_time,
+    measured_block_share,
 )
 from autotune.estimator._offload import host_bytes_per_rank
 from autotune.estimator._peakmodel import predict_peak
@@ -165,9 +166,7 @@ class EstimateRecord(_Record):
 def _baseline_time(facts: ModelFacts, reference: Plan) -> tuple[cm.BaselineTime, Source]:
     """The measured baseline's phases, or a FLOP-proportioned stand-in (forward 1, backward 2)."""
     base = facts.baseline
-    layers, share = facts.num_layers, block_share(facts)
-    if base is not None and base.recompute_share is not None:
-        share = base.recompute_share * layers
+    layers, share = facts.num_layers, measured_block_share(facts, reference.precision)
     if base is not None:
         time = cm.BaselineTime(
             dataloader=base.dataloader,
@@ -211,12 +210,13 @@ def _step_ratio(
     ``host_step``: the seconds of an optimizer step offloaded to the host, or why unknown.
     """
     base, source = _baseline_time(facts, reference)
-    note = None
+    reference_base, note = base, None
     if source == "measured" and plan.precision != reference.precision:
         factor, note = _precision_factor(facts, reference.precision, plan.precision)
         if factor is None:
             return None, None, None, note
-        base = base.compute_scaled(factor)
+        base = replace(base.compute_scaled(factor),
+                       block_share=measured_block_share(facts, plan.precision))  # fmt: skip
     host_seconds, why = host_step
     if source == "measured" and why:
         return None, None, None, why
@@ -231,7 +231,7 @@ def _step_ratio(
         extra_seconds=extra_seconds if source == "measured" else 0.0,
     )
     ref = cm.step_seconds(
-        base.on_cores(cpu_core_share(facts, reference)),
+        reference_base.on_cores(cpu_core_share(facts, reference)),
         micro_batch=reference.micro_batch,
         grad_accum=reference.grad_accum,
         checkpoint_blocks=reference.checkpoint_blocks,

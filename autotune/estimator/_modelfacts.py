@@ -87,6 +87,11 @@ class Baseline(_Record):
     recompute_share: float | None = Field(
         default=None, description="measured: recomputing one block costs this share of a forward"
     )
+    block_forward_share: dict[str, float] = Field(
+        default_factory=dict,
+        description="measured: the block stack's share of a forward, by the precision its "
+        "matmuls ran in (fp32, bf16); recomputing a checkpointed block costs 1/L of it",
+    )
     recompute_fixed: float = Field(
         default=0.0,
         description="measured: seconds per checkpointed block beyond its share of the forward",
@@ -251,6 +256,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             threads=profile.environment.threads,
             bf16_speed_ratio=bf16_ratio(profile),
             bf16_over_fp32=time.bf16_over_fp32,
+            block_forward_share=dict(time.block_forward_share),
             matmul_share=_matmul_share(profile),
         ),
         peak_flops_per_s=profile.compute.peak_flops_per_s,
@@ -362,6 +368,30 @@ def block_share(facts: ModelFacts) -> float:
     return min(facts.num_layers * spec.block_per_sample / spec.per_sample, 1.0)
 
 
+def matmul_dtype(precision: str) -> str:
+    """The dtype a plan precision's matmuls run in: ``bf16`` (bf16 weights or autocast),
+    ``fp16`` or ``fp32``; the keys of ``Baseline.block_forward_share``."""
+    return (
+        precision.removeprefix("amp_") if precision.startswith(("amp_", "bf16", "fp16")) else "fp32"
+    )
+
+
+def measured_block_share(facts: ModelFacts, precision: str | None = None) -> float:
+    """The block stack's share of a forward at ``precision`` (a plan's; ``None``: the
+    profile's own): fitted from a second profile with checkpointing switched
+    (``recompute_share``), else as the profile measured it at that precision's matmuls, else at
+    its own, else from the parameter counts (:func:`block_share`)."""
+    base = facts.baseline
+    if base is None:
+        return block_share(facts)
+    if base.recompute_share is not None:
+        return base.recompute_share * facts.num_layers
+    shares = base.block_forward_share
+    own = matmul_dtype(base.plan.precision)
+    share = shares.get(matmul_dtype(precision or base.plan.precision), shares.get(own))
+    return block_share(facts) if share is None else share
+
+
 def fit_step_time(facts: ModelFacts, other: ProfileRecord | TimedSteps) -> ModelFacts:
     """Refine the baseline's step time with a second profile that differs in one knob.
 
@@ -399,15 +429,16 @@ def fit_step_time(facts: ModelFacts, other: ProfileRecord | TimedSteps) -> Model
 def _recompute_fit(facts: ModelFacts, per_block: float, forward: float) -> dict[str, object]:
     """Split a checkpointed block's measured extra seconds into recompute and fixed overhead.
 
-    Recomputing a block re-runs its forward: its share of the forward's compute
-    (from the parameters, :func:`block_share`), which grows with the micro-batch.
+    Recomputing a block re-runs its forward: its share of the forward (as the profile measured
+    it, else from the parameters: :func:`measured_block_share`), which grows with the
+    micro-batch.
     What the profile measured beyond that (the checkpoint's hooks, RNG state,
     graph rebuilt per call) is taken as a fixed cost per block: on the tiny Llama
     here it was 0.045 s for 4 blocks at micro-batch 4 and 0.046 s at 2.
     """
     if forward <= 0 or not facts.num_layers:
         return {"recompute_share": 0.0, "recompute_fixed": per_block}
-    physical = block_share(facts) / facts.num_layers * forward
+    physical = measured_block_share(facts) / facts.num_layers * forward
     return {
         "recompute_share": min(per_block, physical) / forward,
         "recompute_fixed": max(per_block - physical, 0.0),

@@ -6,7 +6,7 @@ here" and comes with a reason in ``unavailable``; it is never a stand-in for 0.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -214,6 +214,15 @@ class StepTime(_Record):
         "autocast over fp32, the median over up to three timed steps each paired with a pass at "
         "the other precision run right after it; <1: bf16 is faster; None: not measured (see "
         "environment.unavailable)",
+    )
+    block_forward_share: dict[
+        Literal["fp32", "bf16", "fp16"], Annotated[float, Field(ge=0, le=1)]
+    ] = Field(
+        default_factory=dict,
+        description="measured: the share of a micro-batch's forward spent in the block stack "
+        "(the first block's call to the last one's return), by precision: the profile's own (the "
+        "median over the timed steps) and its bf16 / fp32 counterpart's (over the paired passes); "
+        "what recomputing the checkpointed blocks costs; empty: no block stack, or an older profile",
     )
     ops_per_micro_batch: int | None = Field(
         None,

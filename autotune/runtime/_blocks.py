@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import torch.utils.checkpoint
 from torch import nn
 
 from autotune.records import AutotuneError
+from autotune.runtime._device import synchronize
 
 _ORIGINAL = "_autotune_original_forward"
 
@@ -41,6 +43,50 @@ def find_block_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
         if best is None or params > best[0]:
             best = (params, name, module)
     return None if best is None else (best[1], best[2])
+
+
+class BlockClock:
+    """Seconds a forward pass spends in the model's block stack: from the first block's call to
+    the last one's return (the device synchronized at both), summed until :meth:`take`. A
+    checkpointed block's recompute in the backward is not counted (it calls the block's own
+    forward, past these hooks; and the hooks skip anything run inside a backward). With no block
+    stack it counts nothing."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.device = device
+        self.seconds = 0.0
+        self._started: float | None = None
+        found = find_block_stack(model)
+        self.found = found is not None
+        self._handles = (
+            [
+                found[1][0].register_forward_pre_hook(self._start),
+                found[1][-1].register_forward_hook(self._stop),
+            ]
+            if found is not None
+            else []
+        )
+
+    def _start(self, *_: Any) -> None:
+        if torch._C._current_graph_task_id() == -1:  # not inside a backward
+            synchronize(self.device)
+            self._started = time.perf_counter()
+
+    def _stop(self, *_: Any) -> None:
+        if self._started is not None:
+            synchronize(self.device)
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def take(self) -> float:
+        """The seconds counted since the last take, the count started again."""
+        seconds, self.seconds, self._started = self.seconds, 0.0, None
+        return seconds
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 def apply_checkpointing(model: nn.Module, blocks: int) -> None:

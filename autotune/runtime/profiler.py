@@ -44,7 +44,12 @@ from autotune.runtime import _cpu_allocator as cpu_allocator
 from autotune.runtime import _device as dev
 from autotune.runtime import _host as host
 from autotune.runtime import _memory as mem
-from autotune.runtime._blocks import apply_checkpointing, find_block_stack, unique_parameter_count
+from autotune.runtime._blocks import (
+    BlockClock,
+    apply_checkpointing,
+    find_block_stack,
+    unique_parameter_count,
+)
 from autotune.runtime._step import StepPrecision, StepTiming, TrainRunner
 from autotune.runtime.modelfile import ModelFile, load_model_file
 
@@ -178,12 +183,15 @@ def profile_and_time(
         try:
             if checkpointing:
                 _checkpoint_all(runner)
-            counterpart = _Counterpart(runner, steps)
+            clock = BlockClock(runner.model, device_obj)
+            counterpart = _Counterpart(runner, steps, clock)
             counter, ops = _flop_counter(), _OpCount()
             timings = _timed_steps(runner, steps, warmup, report, between=counterpart.run,
-                                   counter=_counting(counter, ops))  # fmt: skip
+                                   counter=_counting(counter, ops), clock=clock)  # fmt: skip
+            clock.close()
             own = timings.summary()
             bf16_over_fp32, bf16_reason = counterpart.ratio(own.forward + own.backward)
+            shares = {**counterpart.block_share(), **timings.block_share(precision)}
             memory, samples_seen = _measure_memory(runner, report)
             counted = float(counter.get_total_flops()) / runner.grad_accum if warmup else None
             compute = _measure_compute(runner, checkpointing, counted)
@@ -196,6 +204,7 @@ def profile_and_time(
         report("environment", 1, 1)
         step_time = timings.summary().model_copy(update={
             "bf16_over_fp32": bf16_over_fp32,
+            "block_forward_share": shares,
             "ops_per_micro_batch": ops.ops // runner.grad_accum if warmup else None,
             "seconds_per_op": seconds_per_op(device_obj),
         })  # fmt: skip
@@ -255,10 +264,19 @@ def _checkpoint_all(runner: TrainRunner) -> None:
 class _Timings:
     """Timed steps and the NVML samples taken while they ran."""
 
-    def __init__(self, measured: list[StepTiming]) -> None:
+    def __init__(self, measured: list[StepTiming], blocks: list[float] | None = None) -> None:
         self.measured = measured
+        self.blocks = blocks or []  # per timed step, its block stack's forward seconds
         self.nvml: Any = None
         self.nvml_reason: str | None = None
+
+    def block_share(self, precision: str) -> dict[str, float]:
+        """``{precision: the median over the timed steps of the block stack's share of the
+        forward}``, empty where the stack's time was not taken."""
+        shares = [
+            b / t.forward for b, t in zip(self.blocks, self.measured, strict=False) if t.forward > 0
+        ]
+        return {precision: min(statistics.median(shares), 1.0)} if shares else {}
 
     def summary(self) -> StepTime:
         totals = sorted(t.total for t in self.measured)
@@ -287,13 +305,14 @@ class _Timings:
 def _timed_steps(
     runner: TrainRunner, steps: int, warmup: int, report: Progress,
     between: Callable[[StepTiming | None], None] | None = None,
-    counter: AbstractContextManager[Any] | None = None,
+    counter: AbstractContextManager[Any] | None = None, clock: BlockClock | None = None,
 ) -> _Timings:  # fmt: skip
     """``warmup`` steps, then ``steps`` timed ones; ``between`` (where given) runs after the
     warm-up (with its last step, ``None`` where none ran) and after each timed step (with it),
     outside the steps' own timings. The first warm-up step's forward and backward passes run
     inside ``counter`` (where given): their FLOPs and operators, counted where no timing is
-    kept."""
+    kept. ``clock`` (where given and the model has a block stack) takes each timed step's
+    seconds in its block stack's forward."""
     last: StepTiming | None = None
     for index in range(warmup):
         report("warm-up", index, warmup)
@@ -302,14 +321,19 @@ def _timed_steps(
     if between is not None:
         between(last)
     measured: list[StepTiming] = []
+    blocks: list[float] = []
     with dev.NvmlSampler(runner.device) as sampler:
         for index in range(steps):
             report("timed steps", index, steps)
+            if clock is not None:
+                clock.take()
             measured.append(runner.step())
+            if clock is not None and clock.found:
+                blocks.append(clock.take())
             if between is not None:
                 between(measured[-1])
     report("timed steps", steps, steps)
-    timings = _Timings(measured)
+    timings = _Timings(measured, blocks)
     timings.nvml, timings.nvml_reason = sampler.result(), sampler.reason
     return timings
 
@@ -330,10 +354,13 @@ class _Counterpart:
     set against that step's own forward and backward. Each pair runs seconds apart, so a slow
     phase of the host hits both of its halves; the ratio is the median over the pairs. The
     first pass, after the warm-up, is a warm-up too. What a plan at the other precision scales
-    its compute by."""
+    its compute by. ``clock`` takes each pass's seconds in the block stack's forward, for its
+    share of the pass's forward at the other precision."""
 
-    def __init__(self, runner: TrainRunner, steps: int) -> None:
+    def __init__(self, runner: TrainRunner, steps: int, clock: BlockClock | None = None) -> None:
         self.runner = runner
+        self.clock = clock
+        self.shares: list[float] = []  # each paired pass's block stack's share of its forward
         self.stride = max(1, -(-steps // COUNTERPART_PAIRS))  # every stride-th timed step
         self.seen = 0  # timed steps so far
         self.other = _COUNTERPART.get(runner.precision)
@@ -354,35 +381,54 @@ class _Counterpart:
                 return
         if self.reason is not None or self._slow():
             return
-        seconds = self._pass()
-        if seconds is None:
+        passed = self._pass()
+        if passed is None:
             return
+        seconds, share = passed
         own = step.forward + step.backward if step is not None else None
         if self.warm is None:
             self.warm = seconds, own
         elif own:
             self.pairs.append((seconds, own))
+            if share is not None:
+                self.shares.append(share)
 
     def _slow(self) -> bool:
         """Whether the warm-up pass took over :data:`SLOW_COUNTERPART` times its step's own."""
         return bool(self.warm and self.warm[1] and self.warm[0] >= SLOW_COUNTERPART * self.warm[1])
 
-    def _pass(self) -> float | None:
-        runner, own_precision = self.runner, self.runner.precision
+    def _pass(self) -> tuple[float, float | None] | None:
+        """The counterpart's forward and backward seconds, and its block stack's share of the
+        forward (``None``: no clock or no stack); ``None`` where the pass failed."""
+        runner, own_precision, clock = self.runner, self.runner.precision, self.clock
         batch = runner.next_batch()
         runner.precision = self.other  # type: ignore[assignment]  # set where not None
         try:
+            if clock is not None:
+                clock.take()
             dev.synchronize(runner.device)
             start = time.perf_counter()
-            runner.backward(runner.forward(batch))
+            loss = runner.forward(batch)
             dev.synchronize(runner.device)
-            return time.perf_counter() - start
+            forward = time.perf_counter() - start
+            blocks = clock.take() if clock is not None and clock.found else None
+            runner.backward(loss)
+            dev.synchronize(runner.device)
+            share = blocks / forward if blocks is not None and forward > 0 else None
+            return time.perf_counter() - start, share
         except (RuntimeError, AutotuneError) as exc:  # out of memory, or a model that refuses it
             self.reason = f"the {self.other} forward and backward failed: {type(exc).__name__}"
             return None
         finally:
             runner.precision = own_precision
             runner.optimizer.zero_grad(set_to_none=True)
+
+    def block_share(self) -> dict[str, float]:
+        """``{the other precision: the median over the paired passes of the block stack's share
+        of the forward}``, empty where none was taken."""
+        if self.other is None or not self.shares:
+            return {}
+        return {self.other: min(statistics.median(self.shares), 1.0)}
 
     def ratio(self, compute: float) -> tuple[float | None, str | None]:
         """bf16 over fp32: the median of the pairs' ratios, or where the counterpart was too

@@ -185,6 +185,39 @@ def test_bf16_plan_from_fp32_profile_scales_compute_by_the_measured_matmul_speed
         assert bf16.predicted_step_seconds == pytest.approx(0.05 + 0.85 * 0.4 + 0.1)
 
 
+def test_the_measured_block_share_at_each_precision_prices_the_recompute() -> None:
+    # the hand profile's phases at micro-batch 4: data 0.05, forward 0.3, backward 0.55,
+    # optimizer 0.1 s; its blocks took half the fp32 forward and 0.8 of the bf16 one, bf16
+    # forward and backward at 0.4x fp32's
+    profile = make_profile()
+    time = profile.time.model_copy(
+        update={"bf16_over_fp32": 0.4, "block_forward_share": {"fp32": 0.5, "bf16": 0.8}}
+    )
+    facts = facts_from_profile(profile.model_copy(update={"time": time}))
+    fp32 = estimate_plan(facts, Plan(micro_batch=4, checkpoint_blocks=L))
+    assert fp32.predicted_step_seconds == pytest.approx(1.0 + 0.5 * 0.3)
+    bf16 = estimate_plan(facts, Plan(micro_batch=4, precision="bf16", checkpoint_blocks=L))
+    assert bf16.predicted_step_seconds == pytest.approx(0.05 + 0.85 * 0.4 + 0.8 * 0.3 * 0.4 + 0.1)
+    half = estimate_plan(facts, Plan(micro_batch=4, precision="bf16", checkpoint_blocks=L // 2))
+    assert half.predicted_step_seconds == pytest.approx(
+        0.05 + 0.85 * 0.4 + 0.8 * 0.3 * 0.4 * (L // 2) / L + 0.1
+    )
+
+
+def test_a_plans_step_time_ratio_is_its_seconds_over_the_profiled_plans() -> None:
+    # one answer: a bf16 plan's ratio to the fp32 profile's plan is the ratio of their seconds
+    profile = make_profile()
+    time = profile.time.model_copy(update={"bf16_over_fp32": 0.4})
+    facts = facts_from_profile(profile.model_copy(update={"time": time}))
+    own = estimate_plan(facts, Plan(micro_batch=4))
+    for plan in (Plan(micro_batch=4, precision="bf16"), Plan(micro_batch=8, precision="amp_bf16")):
+        other = estimate_plan(facts, plan)
+        assert other.predicted_step_seconds is not None and own.predicted_step_seconds
+        assert other.predicted_step_time_ratio == pytest.approx(
+            other.predicted_step_seconds / own.predicted_step_seconds
+        )
+
+
 def test_fits_against_a_budget_with_the_margin() -> None:
     facts = facts_from_profile(make_profile())
     peak = estimate_plan(facts, Plan(micro_batch=4)).memory.peak

@@ -166,6 +166,10 @@ def test_profile_on_cuda_reads_the_allocator_the_table_and_nvml(examples_dir: Pa
         assert "compute.peak_flops_per_s" in record.environment.unavailable
     nvml = record.environment.nvml
     assert nvml is not None or "nvml" in record.environment.unavailable
+    # the block stack's share of the forward, timed with the device synchronized, at bf16 and
+    # at its fp32 counterpart
+    shares = record.time.block_forward_share
+    assert set(shares) == {"bf16", "fp32"} and all(0 < v <= 1 for v in shares.values())
 
 
 # Every way a trial trains on a GPU: autocast bf16 / fp16 (GradScaler), DeepSpeed bf16 / fp16
