@@ -356,6 +356,26 @@ def print_table(composition: Any, plans: list[Any], seconds: dict[str, list[floa
           f"x{high:g} the predicted seconds), {above} above it, {len(pairs) - inside - above} below")  # fmt: skip
 
 
+def print_recompute(composition: Any, plans: list[Any], seconds: dict[str, list[float]]) -> None:
+    """What checkpointing costs, predicted against measured: each measured plan with blocks
+    checkpointed less its measured twin without, the medians and the range per precision."""
+    gaps: dict[str, list[tuple[float, float]]] = {}
+    for plan in plans:
+        twin = plan.with_changes(checkpoint_blocks=0)
+        if not plan.checkpoint_blocks or twin not in plans:
+            continue
+        runs, twin_runs = (seconds.get(p.model_dump_json(), []) for p in (plan, twin))
+        predicted = [composition.estimate(p).predicted_step_seconds for p in (plan, twin)]
+        if runs and twin_runs and None not in predicted:
+            measured = statistics.median(runs) - statistics.median(twin_runs)
+            gaps.setdefault(plan.precision, []).append((predicted[0] - predicted[1], measured))
+    for precision, pairs in gaps.items():
+        predicted, measured = [p for p, _ in pairs], [m for _, m in pairs]
+        print(f"checkpointing at {precision}, {len(pairs)} plans less their twins without: "
+              f"predicted {statistics.median(predicted):.3f} s a step (median), measured "
+              f"{statistics.median(measured):.3f} s [{min(measured):.3f}, {max(measured):.3f}]")  # fmt: skip
+
+
 def _provenance() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown")  # fmt: skip
@@ -420,6 +440,7 @@ def main() -> None:
     for figure, why in record.flags.items():
         print(f"profile flag {figure}: {why}")
     print_table(composition, plans, entry.get("seconds", {}))
+    print_recompute(composition, plans, entry.get("seconds", {}))
     footer(load, started)
 
 
