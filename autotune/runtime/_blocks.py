@@ -50,14 +50,13 @@ class BlockClock:
     the last one's return (the device synchronized at both), summed until :meth:`take`. A
     checkpointed block's recompute in the backward is not counted (it calls the block's own
     forward, past these hooks; and the hooks skip anything run inside a backward). With no block
-    stack it counts nothing."""
+    stack it counts nothing, and :meth:`take` says so."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.device = device
         self.seconds = 0.0
         self._started: float | None = None
         found = find_block_stack(model)
-        self.found = found is not None
         self._handles = (
             [
                 found[1][0].register_forward_pre_hook(self._start),
@@ -78,10 +77,11 @@ class BlockClock:
             self.seconds += time.perf_counter() - self._started
             self._started = None
 
-    def take(self) -> float:
-        """The seconds counted since the last take, the count started again."""
+    def take(self) -> float | None:
+        """The seconds counted since the last take, the count started again; ``None`` where the
+        model has no block stack (or the clock is closed)."""
         seconds, self.seconds, self._started = self.seconds, 0.0, None
-        return seconds
+        return seconds if self._handles else None
 
     def close(self) -> None:
         for handle in self._handles:

@@ -328,8 +328,9 @@ def _timed_steps(
             if clock is not None:
                 clock.take()
             measured.append(runner.step())
-            if clock is not None and clock.found:
-                blocks.append(clock.take())
+            seconds = clock.take() if clock is not None else None
+            if seconds is not None:
+                blocks.append(seconds)
             if between is not None:
                 between(measured[-1])
     report("timed steps", steps, steps)
@@ -357,7 +358,7 @@ class _Counterpart:
     its compute by. ``clock`` takes each pass's seconds in the block stack's forward, for its
     share of the pass's forward at the other precision."""
 
-    def __init__(self, runner: TrainRunner, steps: int, clock: BlockClock | None = None) -> None:
+    def __init__(self, runner: TrainRunner, steps: int, clock: BlockClock) -> None:
         self.runner = runner
         self.clock = clock
         self.shares: list[float] = []  # each paired pass's block stack's share of its forward
@@ -399,19 +400,18 @@ class _Counterpart:
 
     def _pass(self) -> tuple[float, float | None] | None:
         """The counterpart's forward and backward seconds, and its block stack's share of the
-        forward (``None``: no clock or no stack); ``None`` where the pass failed."""
+        forward (``None``: no stack); ``None`` where the pass failed."""
         runner, own_precision, clock = self.runner, self.runner.precision, self.clock
         batch = runner.next_batch()
         runner.precision = self.other  # type: ignore[assignment]  # set where not None
         try:
-            if clock is not None:
-                clock.take()
+            clock.take()
             dev.synchronize(runner.device)
             start = time.perf_counter()
             loss = runner.forward(batch)
             dev.synchronize(runner.device)
             forward = time.perf_counter() - start
-            blocks = clock.take() if clock is not None and clock.found else None
+            blocks = clock.take()
             runner.backward(loss)
             dev.synchronize(runner.device)
             share = blocks / forward if blocks is not None and forward > 0 else None
