@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.records import MeasuredPlan, Plan, Recommendation, TrialResult, TrialSettings
 from autotune.search._outcome import classify_outcome
-from autotune.search._records import Comparison, TrialRecord
+from autotune.search._records import RUN_SPREAD, Comparison, TrialRecord
 from autotune.search._runner import TrialRunner
 
 BASELINE = "baseline"
@@ -36,14 +36,16 @@ Interval = tuple[float, float]
 
 
 def search_interval(record: TrialRecord) -> Interval | None:
-    """A trial's samples/s interval, from its median step time's (``None``: not measured)."""
+    """A trial's samples/s interval, from its median step time's, at least :data:`RUN_SPREAD`
+    either side of its samples/s (``None``: not measured)."""
     if record.samples_per_s is None or record.step_interval is None or not record.step_time:
         return None
     low, high = record.step_interval
     if low <= 0 or high < low:
         return None
     work = record.samples_per_s * record.step_time  # samples per step
-    return work / high, work / low
+    speed = record.samples_per_s
+    return min(work / high, speed * (1 - RUN_SPREAD)), max(work / low, speed * (1 + RUN_SPREAD))
 
 
 def overlap(a: Interval | None, b: Interval | None) -> bool:

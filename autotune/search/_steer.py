@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.records import FRONT_SIZE, Plan
-from autotune.search._records import TrialRecord
+from autotune.search._records import RUN_SPREAD, TrialRecord
 from autotune.search._space import Predict, Prediction, SearchSpace
 
 DEFAULT_ERROR = 0.15
@@ -88,11 +88,12 @@ def slower_than_best(prediction: Prediction | None, records: list[TrialRecord]) 
 
 
 def _noise(record: TrialRecord) -> float:
-    """Half the width of a trial's median step-time interval, relative to the median."""
+    """Half the width of a trial's median step-time interval, relative to the median, and at
+    least the spread between runs of one plan (:data:`RUN_SPREAD`)."""
     if record.step_interval is None or not record.step_time:
-        return 0.0
+        return RUN_SPREAD
     low, high = record.step_interval
-    return max(high - low, 0.0) / 2 / record.step_time
+    return max(max(high - low, 0.0) / 2 / record.step_time, RUN_SPREAD)
 
 
 def _timed(record: TrialRecord) -> bool:
