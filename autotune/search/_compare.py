@@ -409,6 +409,7 @@ def _comparison_note(comparison: Comparison) -> str:
     rerun = [label for label, n in zip(comparison.labels, comparison.reruns, strict=True) if n]
     if not rerun:
         return (f"nothing re-run: {comparison.stopped}; the search's runs are compared, "
-                "intervals from their step times")  # fmt: skip
+                f"intervals from their step times, at least {RUN_SPREAD:.1%} either side, the "
+                "spread between runs")  # fmt: skip
     return (f"re-run interleaved, up to {comparison.repeats} round(s): {', '.join(rerun)} "
             f"({comparison.stopped}); medians and min-max ranges include the search's run")  # fmt: skip
