@@ -1,13 +1,14 @@
 """How far one trial run's step time sits from its plan's median over runs in separate processes.
 
-Usage: .venv/bin/python bench/run_spread.py [FILE ...]
+Usage: .venv/bin/python bench/run_spread.py [FILE ...] [--held-out FILE ...]
 
 Reads step-time measurement files as ``bench/step_time.py --measurements`` keeps them (each
 plan's median seconds per step, one per round, each round a separate trial process); without
-FILE, the four kept in bench/data/. For every plan with two or more runs, each run's |deviation|
-from the plan's median, relative to it; prints the median, p75 and p90 per file and over all of
-them, beside :data:`autotune.search._records.RUN_SPREAD`, the floor tune puts under a single
-run's interval (issue 33).
+FILE, the four in bench/data/ that :data:`autotune.search._records.RUN_SPREAD` was taken from.
+For every plan with two or more runs, each run's |deviation| from the plan's median, relative to
+it; prints the median, p75 and p90 per file and over all of them, beside ``RUN_SPREAD``, the
+floor tune puts under a single run's interval (issue 33). ``--held-out`` files are printed
+after, each alone, and left out of the pooled line.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from pathlib import Path
 from autotune.records import AutotuneError, read_json
 from autotune.search._records import RUN_SPREAD
 
-KEPT = sorted(
-    path
-    for path in (Path(__file__).resolve().parent / "data").glob("step_time_*.json")
-    if path.suffixes == [".json"]
-)
+DATA = Path(__file__).resolve().parent / "data"
+FITTED = [DATA / f"step_time_{name}.json" for name in ("124m", "bert", "llama_s512", "tiny_llama")]
+"""The files ``RUN_SPREAD`` is the pooled median of."""
 
 
 def deviations(measurements: dict[str, dict]) -> list[float]:
@@ -49,26 +48,31 @@ def _line(name: str, values: list[float]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path, default=KEPT)
+    parser.add_argument("files", nargs="*", type=Path, default=FITTED)
+    parser.add_argument("--held-out", nargs="+", type=Path, default=[], metavar="FILE")
     args = parser.parse_args()
-    pooled: list[float] = []
-    lines = []
-    for path in args.files:
-        try:
-            found = deviations(read_json(path, "measurements"))
-        except AutotuneError as error:
-            print(f"autotune: {error}", file=sys.stderr)
-            return 2
-        except (AttributeError, TypeError, ZeroDivisionError):
-            print(f"autotune: {path}: not step-time measurements (bench/step_time.py "
-                  "--measurements)", file=sys.stderr)  # fmt: skip
-            return 2
-        pooled += found
-        lines.append(_line(path.name, found))
-    print("\n".join(lines))
-    print(_line("all files", pooled))
+    try:
+        read = {path: _read(path) for path in [*args.files, *args.held_out]}
+    except AutotuneError as error:
+        print(f"autotune: {error}", file=sys.stderr)
+        return 2
+    pooled = [value for path in args.files for value in read[path]]
+    print("\n".join(_line(path.name, read[path]) for path in args.files))
+    print(_line("all files above", pooled))
     print(f"RUN_SPREAD (tune's floor under a single run's interval): {RUN_SPREAD:.1%}")
+    for path in args.held_out:
+        print(_line(f"held out: {path.name}", read[path]))
     return 0
+
+
+def _read(path: Path) -> list[float]:
+    """``path``'s deviations; an unreadable file or one of another shape: AutotuneError."""
+    try:
+        return deviations(read_json(path, "measurements"))
+    except (AttributeError, TypeError, ZeroDivisionError):
+        raise AutotuneError(
+            f"{path}: not step-time measurements (bench/step_time.py --measurements)"
+        ) from None
 
 
 if __name__ == "__main__":

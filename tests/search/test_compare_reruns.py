@@ -184,8 +184,8 @@ def test_a_higher_zero_stage_gives_way_to_its_overlapping_lower_stage_twin() -> 
 
 def test_a_single_runs_lead_within_the_spread_between_runs_does_not_keep_its_stage() -> None:
     """Issue 33's tiny-Llama tune: ZeRO-1's single run measured 171.3 samples/s and ZeRO-0's
-    162.3 (5.5 % apart), each with a step-time interval of +-1 %; re-run five times later, the
-    two ran 157 and 167. No re-run fits tune's budget (6.8 s of profiles and start-up, 30 % of
+    162.3 (5.5 % apart), here each given a step-time interval of +-1 %; re-run five times
+    later, the two ran 157 and 167. No re-run fits tune's budget (6.8 s of profiles and start-up, 30 % of
     36 s of trials, an 8 s round), so the two single runs decide: 5.5 % apart is within two runs'
     spread, so ZeRO-0 is recommended. The same ZeRO-0 run 15 % behind is told apart."""
 
