@@ -93,7 +93,7 @@ def _noise(record: TrialRecord) -> float:
     if record.step_interval is None or not record.step_time:
         return RUN_SPREAD
     low, high = record.step_interval
-    return max(max(high - low, 0.0) / 2 / record.step_time, RUN_SPREAD)
+    return max((high - low) / 2 / record.step_time, RUN_SPREAD)  # high < low: the floor
 
 
 def _timed(record: TrialRecord) -> bool:
