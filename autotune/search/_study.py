@@ -134,11 +134,36 @@ def _create(url: str, name: str, seed: int | None, heartbeat_s: int) -> Any:
             url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=heartbeat_s,
             grace_period=3 * heartbeat_s, **_retry_callback(),
         )  # fmt: skip
+    if url.startswith("sqlite"):
+        _lock_on_begin(rdb.engine)
     # No fixed seed by default: workers sharing a study must not draw the same points.
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
     return optuna.create_study(
         storage=rdb, study_name=name, direction="maximize", sampler=sampler, load_if_exists=True
     )
+
+
+def _lock_on_begin(engine: Any) -> None:
+    """Begin every sqlite transaction holding the database's write lock (``BEGIN IMMEDIATE``).
+
+    Python's sqlite3 driver sends ``BEGIN`` only before the first write, and sqlite has
+    no ``SELECT ... FOR UPDATE``, so Optuna's take of a queued trial (read it WAITING,
+    then set it RUNNING) let two workers both read it WAITING and both take it: one
+    then finished a trial the other was still running. Holding the lock from the read
+    on makes the second worker read it RUNNING and take the next. This is SQLAlchemy's
+    documented recipe for sqlite transactions: the driver leaves them to SQLAlchemy.
+    """
+    from sqlalchemy import event
+
+    def no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    def begin_locked(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    event.listen(engine, "connect", no_driver_transactions)
+    event.listen(engine, "begin", begin_locked)
+    engine.dispose()  # the connections Optuna opened before: reopened with both hooks
 
 
 def _retry_callback() -> dict[str, Any]:

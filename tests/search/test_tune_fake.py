@@ -216,6 +216,63 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     assert len({t.user_attrs["pid"] for t in measured}) == 2
 
 
+TAKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from autotune.search import open_study
+
+    study = open_study(sys.argv[1], "queue")
+    print("ready", flush=True)
+    go, deadline = Path(sys.argv[2]), time.monotonic() + 60
+    while not go.exists():
+        assert time.monotonic() < deadline, f"no {go} after 60 s"
+        time.sleep(0.001)
+    print(json.dumps([study.ask().number for _ in range(int(sys.argv[3]))]), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_workers_never_take_one_queued_trial(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two workers take 40 queued trials at once; each is taken by exactly one. Before
+    stop 58, on sqlite both could read a trial WAITING and both run it; the second to
+    finish it then fails with Optuna's UpdateFinishedTrialError, as two workers sharing
+    a study did in stop 57's CI."""
+    from autotune.search import open_study
+
+    storage = (
+        str(tmp_path / "s.db") if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    )
+    study = open_study(storage, "queue")
+    for x in range(40):
+        study.enqueue_trial({"x": x})
+    script, go = tmp_path / "take.py", tmp_path / "go"
+    script.write_text(TAKER)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), storage, str(go), "20"],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:  # both have the study open: they start asking together
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        go.touch()
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
+    taken = [json.loads(out) for out, _ in outputs]
+    assert sorted(taken[0] + taken[1]) == list(range(40))
+
+
 def test_of_two_workers_that_draw_one_plan_the_lower_trial_runs_it(tmp_path: Path) -> None:
     """Another worker's trial 0 is created first but names its plan late (its sampler is
     slow); this worker's trial 1 draws the same plan and must leave it to trial 0."""
