@@ -7,8 +7,10 @@ import json
 import os
 import random
 import socket
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,27 +145,40 @@ def _create(url: str, name: str, seed: int | None, heartbeat_s: int) -> Any:
     )
 
 
-def _lock_on_begin(engine: Any) -> None:
-    """Begin every sqlite transaction holding the database's write lock (``BEGIN IMMEDIATE``).
+_LOCKING = threading.local()
 
-    Python's sqlite3 driver sends ``BEGIN`` only before the first write, and sqlite has
-    no ``SELECT ... FOR UPDATE``, so Optuna's take of a queued trial (read it WAITING,
-    then set it RUNNING) let two workers both read it WAITING and both take it: one
-    then finished a trial the other was still running. Holding the lock from the read
-    on makes the second worker read it RUNNING and take the next. This is SQLAlchemy's
-    documented recipe for sqlite transactions: the driver leaves them to SQLAlchemy.
+
+def _lock_on_begin(engine: Any) -> None:
+    """Begin this thread's sqlite transactions holding the database's write lock
+    (``BEGIN IMMEDIATE``) while inside :func:`_locked`.
+
+    Python's sqlite3 driver sends ``BEGIN`` only before a transaction's first write, and
+    sqlite has no ``SELECT ... FOR UPDATE``. So Optuna's take of a queued trial (read it
+    WAITING, then set it RUNNING) let two workers both read it WAITING and both take it:
+    one then finished a trial the other was still running. Only the read-then-write
+    steps take the lock from their start (:func:`_locked`). The rest keep the driver's
+    own transactions: holding the lock through every read, an interrupt inside one left
+    it held, and the give-back after it waited out the 60 s busy timeout ("database is
+    locked"), as an interrupted tune in CI did.
     """
     from sqlalchemy import event
 
-    def no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
+    def begin(connection: Any) -> None:
+        if getattr(_LOCKING, "on", False):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
-    def begin_locked(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    event.listen(engine, "begin", begin)
 
-    event.listen(engine, "connect", no_driver_transactions)
-    event.listen(engine, "begin", begin_locked)
-    engine.dispose()  # the connections Optuna opened before: reopened with both hooks
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Inside, each sqlite transaction of this thread holds the write lock from its start
+    (see :func:`_lock_on_begin`): a read and the write that depends on it are one step."""
+    _LOCKING.on = True
+    try:
+        yield
+    finally:
+        _LOCKING.on = False
 
 
 def _retry_callback() -> dict[str, Any]:
@@ -230,7 +245,7 @@ def recover_stale(study: Any) -> list[int]:
     }
     if not running:
         return []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _locked():  # of two workers, one fails and requeues it
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     failed = study.get_trials(deepcopy=False, states=(State.FAIL,))
@@ -283,7 +298,8 @@ def ask(study: Any, space: SearchSpace) -> tuple[Any, Plan, Role]:
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
         trial = _pop_retry(study, space)
         if trial is None:
-            trial = study.ask(fixed_distributions=distributions(space))
+            with _locked():  # Optuna's take of a queued trial: read WAITING, set RUNNING
+                trial = study.ask(fixed_distributions=distributions(space))
     beat(study, trial)  # at once: a trial with no heartbeat yet would never be found lost
     attrs = trial.user_attrs
     plan = Plan.model_validate(attrs["plan"]) if "plan" in attrs else space.plan(trial.params)
@@ -328,9 +344,13 @@ def _pop_retry(study: Any, space: SearchSpace) -> Any:
         if not is_retry(waiting):
             continue
         try:  # False, or an error: another worker took it first
-            if not study._storage.set_trial_state_values(waiting._trial_id, state=State.RUNNING):
-                continue
+            with _locked():
+                taken = study._storage.set_trial_state_values(
+                    waiting._trial_id, state=State.RUNNING
+                )
         except UpdateFinishedTrialError:
+            continue
+        if not taken:
             continue
         trial = optuna.Trial(study, waiting._trial_id)
         for name, dist in distributions(space).items():
@@ -420,8 +440,9 @@ def _fail_and_requeue(study: Any, stored: Any, why: str) -> bool:
     if stored.state != State.RUNNING:
         return False
     try:  # of two workers failing one trial, the second finds it finished
-        study._storage.set_trial_user_attr(stored._trial_id, "reason", f"{why}: queued again")
-        study._storage.set_trial_state_values(stored._trial_id, state=State.FAIL)
+        with _locked():
+            study._storage.set_trial_user_attr(stored._trial_id, "reason", f"{why}: queued again")
+            study._storage.set_trial_state_values(stored._trial_id, state=State.FAIL)
     except UpdateFinishedTrialError:
         return False
     attrs = stored.user_attrs

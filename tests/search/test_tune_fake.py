@@ -221,14 +221,16 @@ TAKER = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     from autotune.search import open_study
+    from autotune.search._space import make_space
+    from autotune.search._study import ask
 
-    study = open_study(sys.argv[1], "queue")
+    study, space = open_study(sys.argv[1], "queue"), make_space(8, 1, 2, None, None)
     print("ready", flush=True)
     go, deadline = Path(sys.argv[2]), time.monotonic() + 60
     while not go.exists():
         assert time.monotonic() < deadline, f"no {go} after 60 s"
         time.sleep(0.001)
-    print(json.dumps([study.ask().number for _ in range(int(sys.argv[3]))]), flush=True)
+    print(json.dumps([ask(study, space)[0].number for _ in range(int(sys.argv[3]))]), flush=True)
     """
 )
 
