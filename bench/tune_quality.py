@@ -27,7 +27,7 @@ from autotune.records import Plan, parse_plan
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import PoolRunner, TrialSettings
 from autotune.search._outcome import classify_outcome
-from autotune.search._space import make_space
+from autotune.search._space import SearchSpace, make_space
 
 
 def _load() -> str:
@@ -119,12 +119,20 @@ def _print_tune(record: object, wall: float) -> None:
         print(f"note: {note}")
 
 
+def grid_space(global_batch: int, nproc: int, blocks: int, pick: Plan) -> SearchSpace:
+    """The grid's space: tune's space around the pick, fp32 and bf16 both, whichever the pick
+    has (until stop 58 a pick in fp32 got a grid of fp32 plans only, 100 on tiny Llama, and a
+    bf16 pick one of both, 200). The pick's other knobs (its attention) hold for every plan."""
+    other = Plan(precision="fp32" if pick.precision != "fp32" else "bf16")
+    return make_space(global_batch, nproc, blocks, pick, other)
+
+
 def _grid_and_compare(pool: PoolRunner, model: str, args: argparse.Namespace, pick: Plan,
                       blocks: int) -> None:  # fmt: skip
     # The grid: each plan once, 3 measured steps after 1 warm-up (the reference, not the search).
     settings = TrialSettings(model_file=model, steps=3, warmup=1, device="cpu", timeout_s=900)
     again = settings.model_copy(update={"steps": 5})
-    space = make_space(args.global_batch, args.nproc_per_node, blocks, pick, None)
+    space = grid_space(args.global_batch, args.nproc_per_node, blocks, pick)
     start = time.monotonic()
     pool.warm_up(space.all_plans()[:1], settings)
     grid = {plan: _speed(pool, plan, settings) for plan in space.all_plans()}
