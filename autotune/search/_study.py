@@ -158,8 +158,7 @@ def _lock_on_begin(engine: Any) -> None:
     one then finished a trial the other was still running. Only the read-then-write
     steps take the lock from their start (:func:`_locked`). The rest keep the driver's
     own transactions: holding the lock through every read, an interrupt inside one left
-    it held, and the give-back after it waited out the 60 s busy timeout ("database is
-    locked"), as an interrupted tune in CI did.
+    it held, and the give-back after it failed with "database is locked".
     """
     from sqlalchemy import event
 
