@@ -35,7 +35,10 @@ def open_study(name: str, storage: str) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=backend)
     except KeyError:
-        names = ", ".join(optuna.get_all_study_names(storage=backend)) or "none"
+        every = optuna.get_all_study_names(storage=backend)
+        # Not tune's marker studies (STUDY:took-trial:ID, STUDY:final-comparison:KEY).
+        names = ", ".join(n for n in every if not any(n.startswith(f"{m}:") for m in every))
+        names = names or "none"
         raise AutotuneError(
             f"--study: no study {name!r} in {storage} (studies there: {names})"
         ) from None

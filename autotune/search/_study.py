@@ -7,10 +7,8 @@ import json
 import os
 import random
 import socket
-import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,48 +134,11 @@ def _create(url: str, name: str, seed: int | None, heartbeat_s: int) -> Any:
             url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=heartbeat_s,
             grace_period=3 * heartbeat_s, **_retry_callback(),
         )  # fmt: skip
-    if url.startswith("sqlite"):
-        _lock_on_begin(rdb.engine)
     # No fixed seed by default: workers sharing a study must not draw the same points.
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
     return optuna.create_study(
         storage=rdb, study_name=name, direction="maximize", sampler=sampler, load_if_exists=True
     )
-
-
-_LOCKING = threading.local()
-
-
-def _lock_on_begin(engine: Any) -> None:
-    """Begin this thread's sqlite transactions holding the database's write lock
-    (``BEGIN IMMEDIATE``) while inside :func:`_locked`.
-
-    Python's sqlite3 driver sends ``BEGIN`` only before a transaction's first write, and
-    sqlite has no ``SELECT ... FOR UPDATE``. So Optuna's take of a queued trial (read it
-    WAITING, then set it RUNNING) let two workers both read it WAITING and both take it:
-    one then finished a trial the other was still running. Only the read-then-write
-    steps take the lock from their start (:func:`_locked`). The rest keep the driver's
-    own transactions: holding the lock through every read, an interrupt inside one left
-    it held, and the give-back after it failed with "database is locked".
-    """
-    from sqlalchemy import event
-
-    def begin(connection: Any) -> None:
-        if getattr(_LOCKING, "on", False):
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    event.listen(engine, "begin", begin)
-
-
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    """Inside, each sqlite transaction of this thread holds the write lock from its start
-    (see :func:`_lock_on_begin`): a read and the write that depends on it are one step."""
-    _LOCKING.on = True
-    try:
-        yield
-    finally:
-        _LOCKING.on = False
 
 
 def _retry_callback() -> dict[str, Any]:
@@ -244,7 +205,7 @@ def recover_stale(study: Any) -> list[int]:
     }
     if not running:
         return []
-    with warnings.catch_warnings(), _locked():  # of two workers, one fails and requeues it
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     failed = study.get_trials(deepcopy=False, states=(State.FAIL,))
@@ -296,9 +257,10 @@ def ask(study: Any, space: SearchSpace) -> tuple[Any, Plan, Role]:
     with warnings.catch_warnings():  # Optuna expects heartbeats with optimize(); we beat ourselves
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
         trial = _pop_retry(study, space)
-        if trial is None:
-            with _locked():  # Optuna's take of a queued trial: read WAITING, set RUNNING
-                trial = study.ask(fixed_distributions=distributions(space))
+        while trial is None:
+            trial = study.ask(fixed_distributions=distributions(space))
+            if _queued(study, trial) and not _take(study, trial):
+                trial = None  # another worker took this queued trial at the same moment
     beat(study, trial)  # at once: a trial with no heartbeat yet would never be found lost
     attrs = trial.user_attrs
     plan = Plan.model_validate(attrs["plan"]) if "plan" in attrs else space.plan(trial.params)
@@ -343,13 +305,11 @@ def _pop_retry(study: Any, space: SearchSpace) -> Any:
         if not is_retry(waiting):
             continue
         try:  # False, or an error: another worker took it first
-            with _locked():
-                taken = study._storage.set_trial_state_values(
-                    waiting._trial_id, state=State.RUNNING
-                )
+            if not study._storage.set_trial_state_values(waiting._trial_id, state=State.RUNNING):
+                continue
         except UpdateFinishedTrialError:
             continue
-        if not taken:
+        if not _take(study, waiting):
             continue
         trial = optuna.Trial(study, waiting._trial_id)
         for name, dist in distributions(space).items():
@@ -359,6 +319,24 @@ def _pop_retry(study: Any, space: SearchSpace) -> Any:
                 trial.suggest_int(name, dist.low, dist.high)
         return trial
     return None
+
+
+def _queued(study: Any, trial: Any) -> bool:
+    """Whether ``study.ask`` took ``trial`` from the queue (an enqueued plan) rather than
+    creating it."""
+    return "fixed_params" in study._storage.get_trial_system_attrs(trial._trial_id)
+
+
+def _take(study: Any, trial: Any) -> bool:
+    """Claim a queued trial this worker has just set RUNNING: ``True`` for one worker only.
+
+    sqlite has no ``SELECT ... FOR UPDATE``, and Python's sqlite3 driver begins a
+    transaction only at its first write, so two workers can both read a queued trial
+    WAITING and both set it RUNNING (Optuna's take, and :func:`_pop_retry`'s). Both then
+    ran it, and the second to finish failed on a finished trial. The claim is atomic on
+    every storage (:func:`claim`); the worker that loses it leaves the trial to the other.
+    """
+    return claim(study, f"{study.study_name}:took-trial:{trial._trial_id}")
 
 
 def is_retry(trial: Any) -> bool:
@@ -439,9 +417,8 @@ def _fail_and_requeue(study: Any, stored: Any, why: str) -> bool:
     if stored.state != State.RUNNING:
         return False
     try:  # of two workers failing one trial, the second finds it finished
-        with _locked():
-            study._storage.set_trial_user_attr(stored._trial_id, "reason", f"{why}: queued again")
-            study._storage.set_trial_state_values(stored._trial_id, state=State.FAIL)
+        study._storage.set_trial_user_attr(stored._trial_id, "reason", f"{why}: queued again")
+        study._storage.set_trial_state_values(stored._trial_id, state=State.FAIL)
     except UpdateFinishedTrialError:
         return False
     attrs = stored.user_attrs

@@ -24,10 +24,10 @@ from test_report_samples import (
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.records import format_bytes, write_record
+from autotune.records import AutotuneError, format_bytes, write_record
 from autotune.report import ReportInputs, build_report, collect, pareto_front
 from autotune.report._collect import trial_points
-from autotune.report._study import MIN_TRIALS_FOR_IMPORTANCE
+from autotune.report._study import MIN_TRIALS_FOR_IMPORTANCE, open_study
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NETWORK = re.compile(r"https?://|src=\"//|<script|<link|@import|url\(", re.IGNORECASE)
@@ -345,3 +345,14 @@ def test_a_tune_records_wall_time_is_in_the_summary() -> None:
     assert "7 min 31 s" in summary["tune wall time"]
     assert "tune wall time" not in dict(collect(ReportInputs(tune=make_tune())).summary)
     assert wall.describe() in build_report(ReportInputs(tune=tune)).html
+
+
+def test_a_missing_study_lists_the_studies_there_but_not_tunes_markers(tmp_path: Path) -> None:
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for name in ("tiny", "tiny:took-trial:3", "tiny:final-comparison:0a1b-1r", "big"):
+        optuna.create_study(study_name=name, storage=url)
+    with pytest.raises(AutotuneError) as err:
+        open_study("other", str(tmp_path / "s.db"))
+    assert str(err.value).endswith("(studies there: tiny, big)")

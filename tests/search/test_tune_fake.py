@@ -239,7 +239,7 @@ TAKER = textwrap.dedent(
 def test_two_workers_never_take_one_queued_trial(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """Two workers take 40 queued trials at once; each is taken by exactly one. Before
+    """Two workers take 60 queued trials at once; each is taken by exactly one. Before
     stop 58, on sqlite both could read a trial WAITING and both run it; the second to
     finish it then fails with Optuna's UpdateFinishedTrialError, as two workers sharing
     a study did in stop 57's CI."""
@@ -249,13 +249,13 @@ def test_two_workers_never_take_one_queued_trial(
         str(tmp_path / "s.db") if backend == "sqlite" else request.getfixturevalue("postgres_url")
     )
     study = open_study(storage, "queue")
-    for x in range(40):
+    for x in range(60):
         study.enqueue_trial({"x": x})
     script, go = tmp_path / "take.py", tmp_path / "go"
     script.write_text(TAKER)
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), storage, str(go), "20"],
+            [sys.executable, str(script), storage, str(go), "30"],
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -272,7 +272,7 @@ def test_two_workers_never_take_one_queued_trial(
             proc.kill()
     assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
     taken = [json.loads(out) for out, _ in outputs]
-    assert sorted(taken[0] + taken[1]) == list(range(40))
+    assert sorted(taken[0] + taken[1]) == list(range(60))
 
 
 def test_of_two_workers_that_draw_one_plan_the_lower_trial_runs_it(tmp_path: Path) -> None:
