@@ -73,8 +73,14 @@ def _start(root: Path, run: Path, flag: Path | None) -> subprocess.Popen[str]:
            "--repeats", "1", "--steps", "1", "--warmup", "0", "--device", "cpu",
            "--profile", str(root / "profile.json"), "--storage", str(run / "study.db"),
            "--study", STUDY, "--out-dir", str(run), "--trial-timeout", "120", "--json"]  # fmt: skip
+    # SIGINT at its default: a test run started in the background by a shell without job
+    # control inherits SIGINT ignored, and tune would then never see the interrupt.
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(root, flag))  # fmt: skip
+                            env=_env(root, flag), preexec_fn=_default_sigint)  # fmt: skip
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _hung_worker(flag: Path, proc: subprocess.Popen[str]) -> int:
