@@ -165,7 +165,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--profile", type=Path, help="a saved ProfileRecord JSON (default: measure)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per trial")
     parser.add_argument("--dry-run", action="store_true", help="print the plans to run, run none")
-    parser.set_defaults(plans=[])  # step_time.make_plans reads --plans; here the grid is all
+    # step_time reads --plans (here the grid is all) and --relink (here a kept link stays kept)
+    parser.set_defaults(plans=[], relink=False)
     args = parser.parse_args()
     check_arguments(args)
     from autotune.records import AutotuneError, parse_bytes

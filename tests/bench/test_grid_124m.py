@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import grid_124m  # noqa: E402
 from step_time import make_plans  # noqa: E402
+from zero_peaks import REPO  # noqa: E402
 
 GIB = 2**30
 ENGINES = [("deepspeed", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3),
@@ -101,3 +104,67 @@ def test_the_best_fits_and_the_near_ones_are_counted() -> None:
     assert [row.plan for row in near] == ["near"]
     assert table[0].fits(3 * GIB) is False and table[1].fits(3 * GIB) is None
     assert grid_124m.best(table[:2], 3 * GIB) == (None, [])
+
+
+MB_SECONDS = {4: 1.0, 2: 2.0, 1: 3.0}
+"""The fake trials' seconds per step by micro-batch: mb=4 the fastest, but over the budget."""
+MB_PEAK_GIB = {4: 3.5, 2: 2.5, 1: 2.0}
+
+
+class _FakePool:
+    """Stands in for PoolRunner: each trial 'measures' MB_SECONDS and MB_PEAK_GIB; one that
+    sweeps the link (the calibration) returns a kept link with the engines' costs."""
+
+    runs: list[str] = []
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def __enter__(self) -> _FakePool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def warm_up(self, plans: object, settings: object) -> float:
+        return 0.0
+
+    def run(self, plan: Any, settings: Any) -> Any:
+        from autotune.records import LinkMeasure, TrialResult
+        from autotune.search._records import RunReport
+
+        _FakePool.runs.append(plan.describe())
+        kept = json.loads((REPO / "bench" / "data" / "step_time_124m.json").read_text())
+        link = LinkMeasure.model_validate(next(iter(kept.values()))["link"])  # ZeRO-0's cost in
+        result = TrialResult(completed_steps=2, step_time=MB_SECONDS[plan.micro_batch],
+                             peak_memory_bytes=[int(MB_PEAK_GIB[plan.micro_batch] * GIB)],
+                             link=link if settings.sweep_link else None)  # fmt: skip
+        return RunReport(returncode=0, timed_out=False, result=result, duration_s=1.0)
+
+
+def test_the_grid_measures_each_plan_once_keeps_it_and_picks_the_fastest_that_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole script on three plans, trials faked: the link calibrated once, each plan
+    measured once and written to the file; a second run resumes from the file and runs
+    nothing. (Before stop 59 the script failed at its first trial: step_time's ``--relink``.)"""
+    import autotune.search
+
+    monkeypatch.setattr(autotune.search, "PoolRunner", _FakePool)
+    measurements = tmp_path / "m.json"
+    argv = ["grid_124m.py", str(REPO / "examples" / "gpt2_small.py"), "--rounds", "1",
+            "--profile", str(REPO / "bench" / "data" / "step_time_124m.profile.json"),
+            "--measurements", str(measurements), "--grid", "engines=zero0 precision=bf16 ckpt=none"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    _FakePool.runs = []
+    grid_124m.main()
+    plans = [f"precision=bf16,{split}stage=0,nproc_per_node=2"
+             for split in ("mb=4,", "mb=2,ga=2,", "mb=1,ga=4,")]  # fmt: skip
+    assert _FakePool.runs == plans[:1] + plans  # the calibration, then each plan once
+    first = capsys.readouterr().out
+    assert f"best of the grid: {plans[1]}, 4.00" in first  # 8 samples / 2.0 s; mb=4 is over
+    entry = next(iter(json.loads(measurements.read_text()).values()))
+    assert sorted(s[0] for s in entry["seconds"].values()) == [1.0, 2.0, 3.0]
+    grid_124m.main()
+    assert len(_FakePool.runs) == 4  # resumed: nothing run again
+    assert f"best of the grid: {plans[1]}, 4.00" in capsys.readouterr().out
