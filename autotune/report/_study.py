@@ -36,7 +36,7 @@ def open_study(name: str, storage: str) -> optuna.Study:
         return optuna.load_study(study_name=name, storage=backend)
     except KeyError:
         every = optuna.get_all_study_names(storage=backend)
-        # Not tune's marker studies (STUDY:took-trial:ID, STUDY:final-comparison:KEY).
+        # Not tune's marker studies (STUDY:took-trial:ID, STUDY:requeued-trial:ID, ...).
         names = ", ".join(n for n in every if not any(n.startswith(f"{m}:") for m in every))
         names = names or "none"
         raise AutotuneError(

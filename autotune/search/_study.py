@@ -149,8 +149,25 @@ def _retry_callback() -> dict[str, Any]:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna >= 4.9
             retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)
-            return {"heartbeat_stale_trial_callback": retry}
-        return {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+            return {"heartbeat_stale_trial_callback": _RequeueOnce(retry)}
+        retry = optuna.storages.RetryFailedTrialCallback(max_retry=2)
+        return {"failed_trial_callback": _RequeueOnce(retry)}
+
+
+class _RequeueOnce:
+    """Optuna's retry callback, run for each failed trial by one worker only.
+
+    Two workers calling :func:`~optuna.storages.fail_stale_trials` at once can both fail one
+    stale trial on sqlite (each reads it RUNNING before the other writes), and both would
+    queue it again: its plan measured twice. The one that claims the re-queue runs the retry.
+    """
+
+    def __init__(self, retry: Any) -> None:
+        self.retry = retry
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        if _claim_requeue(study, trial._trial_id):
+            self.retry(study, trial)
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
@@ -339,6 +356,12 @@ def _take(study: Any, trial: Any) -> bool:
     return claim(study, f"{study.study_name}:took-trial:{trial._trial_id}")
 
 
+def _claim_requeue(study: Any, trial_id: int) -> bool:
+    """Claim the one re-queue of a failed trial (by :func:`give_back`, :func:`fail_dead_local`
+    or the heartbeat retry): ``True`` for one worker only, as :func:`_take`."""
+    return claim(study, f"{study.study_name}:requeued-trial:{trial_id}")
+
+
 def is_retry(trial: Any) -> bool:
     """Whether a stored trial re-runs a plan that was started and not measured: queued by
     :func:`give_back` or :func:`fail_dead_local`, or by Optuna's heartbeat retry callback."""
@@ -411,15 +434,22 @@ def fail_dead_local(study: Any) -> list[int]:
 
 
 def _fail_and_requeue(study: Any, stored: Any, why: str) -> bool:
+    """Fail a running trial and queue its plan again: ``True`` for the one caller that did.
+
+    Of two workers failing one trial, the second usually finds it finished; on sqlite both
+    can read it RUNNING and both fail it, and only the one that claims the re-queue queues it.
+    """
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState as State
 
     if stored.state != State.RUNNING:
         return False
-    try:  # of two workers failing one trial, the second finds it finished
+    try:
         study._storage.set_trial_user_attr(stored._trial_id, "reason", f"{why}: queued again")
         study._storage.set_trial_state_values(stored._trial_id, state=State.FAIL)
     except UpdateFinishedTrialError:
+        return False
+    if not _claim_requeue(study, stored._trial_id):
         return False
     attrs = stored.user_attrs
     if "plan" in attrs:

@@ -216,23 +216,61 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     assert len({t.user_attrs["pid"] for t in measured}) == 2
 
 
-TAKER = textwrap.dedent(
+BARRIER = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
     from autotune.search import open_study
-    from autotune.search._space import make_space
-    from autotune.search._study import ask
 
-    study, space = open_study(sys.argv[1], "queue"), make_space(8, 1, 2, None, None)
+    study = open_study(sys.argv[1], "queue", heartbeat_s=1)
     print("ready", flush=True)
     go, deadline = Path(sys.argv[2]), time.monotonic() + 60
     while not go.exists():
         assert time.monotonic() < deadline, f"no {go} after 60 s"
         time.sleep(0.001)
+    """
+)
+TAKER = BARRIER + textwrap.dedent(
+    """
+    from autotune.search._space import make_space
+    from autotune.search._study import ask
+
+    space = make_space(8, 1, 2, None, None)
     print(json.dumps([ask(study, space)[0].number for _ in range(int(sys.argv[3]))]), flush=True)
     """
 )
+FAILER = BARRIER + textwrap.dedent(
+    """
+    from autotune.search._study import fail_dead_local, recover_stale
+
+    print(json.dumps((fail_dead_local if sys.argv[3] == "dead" else recover_stale)(study)))
+    """
+)
+
+
+def _storage(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if backend == "sqlite":
+        return str(tmp_path / "s.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def _two_at_once(script: str, storage: str, tmp_path: Path, arg: str) -> list[str]:
+    """Run ``script`` in two processes with the study open, released together; their outputs."""
+    path, go = tmp_path / "worker.py", tmp_path / "go"
+    path.write_text(script)
+    command = [sys.executable, str(path), storage, str(go), arg]
+    procs = [subprocess.Popen(command, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(2)]  # fmt: skip
+    try:
+        for proc in procs:  # both have the study open: they start together
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        go.touch()
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
+    return [out for out, _ in outputs]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -245,34 +283,50 @@ def test_two_workers_never_take_one_queued_trial(
     a study did in stop 57's CI."""
     from autotune.search import open_study
 
-    storage = (
-        str(tmp_path / "s.db") if backend == "sqlite" else request.getfixturevalue("postgres_url")
-    )
+    storage = _storage(backend, tmp_path, request)
     study = open_study(storage, "queue")
     for x in range(60):
         study.enqueue_trial({"x": x})
-    script, go = tmp_path / "take.py", tmp_path / "go"
-    script.write_text(TAKER)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), storage, str(go), "30"],
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for _ in range(2)
-    ]
-    try:
-        for proc in procs:  # both have the study open: they start asking together
-            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-        go.touch()
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-    assert all(proc.returncode == 0 for proc in procs), [err for _, err in outputs]
-    taken = [json.loads(out) for out, _ in outputs]
+    taken = [json.loads(out) for out in _two_at_once(TAKER, storage, tmp_path, "30")]
     assert sorted(taken[0] + taken[1]) == list(range(60))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("how", ["dead", "stale"])
+def test_a_trial_two_workers_fail_at_once_is_queued_again_once(
+    how: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """60 running trials are lost: their worker's pid is gone ("dead", which a worker on
+    the same host fails at once) or their heartbeats stopped ("stale", failed by Optuna's
+    fail_stale_trials and re-queued by its retry callback). Two workers recover them at
+    once; each is queued again exactly once, so no plan is measured twice. Before stop 59,
+    on sqlite both workers could fail one trial and both queue it."""
+    import socket
+
+    from optuna.trial import TrialState
+
+    from autotune.search import open_study
+    from autotune.search._study import RETRY_OF, beat
+
+    storage = _storage(backend, tmp_path, request)
+    study = open_study(storage, "queue", heartbeat_s=1)
+    gone = 2**22 + 1  # above Linux's largest pid_max: no process has it
+    lost = []
+    for _ in range(60):
+        trial = study.ask()
+        for key, value in {"plan": Plan().model_dump(mode="json"), "host": socket.gethostname(),
+                           "pid": gone}.items():  # fmt: skip
+            trial.set_user_attr(key, value)
+        beat(study, trial)
+        lost.append(trial.number)
+    if how == "stale":
+        time.sleep(3.5)  # past the grace of three 1-s heartbeats
+    _two_at_once(FAILER, storage, tmp_path, how)
+    queued = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    origins = sorted(
+        t.user_attrs[RETRY_OF] if how == "dead" else t.system_attrs["failed_trial"] for t in queued
+    )
+    assert origins == lost
 
 
 def test_of_two_workers_that_draw_one_plan_the_lower_trial_runs_it(tmp_path: Path) -> None:
