@@ -92,8 +92,11 @@ class Run:
         log = self.work / f"{name}.log"
         start = time.monotonic()
         with log.open("w") as err:
+            # SIGINT at its default in the child even when this check runs in the background,
+            # where the shell starts it with SIGINT ignored and _stop's SIGINT would do nothing
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=self.repo,
-                                    env=env, start_new_session=True)  # fmt: skip
+                                    env=env, start_new_session=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
             try:
                 out, _ = proc.communicate(timeout=timeout)
                 code: int | None = proc.returncode

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +117,25 @@ def test_a_child_past_the_deadline_is_stopped_with_everything_it_started(
     while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != "zombie":
         assert time.monotonic() < deadline, "the grandchild outlived the check's deadline"
         time.sleep(0.1)
+
+
+def test_a_child_stopped_at_the_deadline_gets_sigint_even_when_the_check_ignores_it(
+    tmp_path: Path,
+) -> None:
+    """Run in the background by a shell without job control, the check starts with SIGINT
+    ignored, and a child inherits that: it would miss the SIGINT that lets autotune clean up,
+    and die by the SIGKILL after it. The child here writes a file on KeyboardInterrupt."""
+    run = steps.Run(config=gpu_check.SMOKE, work=tmp_path, repo=REPO, smoke=True,
+                    deadline=time.monotonic() + 8)  # fmt: skip
+    cleaned = tmp_path / "cleaned"
+    code = ("import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+            f"    open({str(cleaned)!r}, 'w').write('SIGINT')")  # fmt: skip
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        done = run.command("sleeper", [sys.executable, "-c", code], cap=60, env=dict(os.environ))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done.returncode is None and cleaned.read_text() == "SIGINT"
 
 
 @pytest.mark.parametrize(
