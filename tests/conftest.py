@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import socket
@@ -118,7 +119,10 @@ def postgres_url(postgres_server: str, request: pytest.FixtureRequest) -> str:
     """A fresh, empty database on the session's server, for one test."""
     import psycopg
 
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:50]
+    # unique per test: a test's id cut short would name its parametrized twins' database too,
+    # which an earlier twin's connections may still hold open (DROP then fails)
+    readable = "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:40]
+    name = f"t_{readable}_{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]}"
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
