@@ -94,7 +94,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             _refuse(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
     if not args.measurements.parent.is_dir():
         _refuse(f"--measurements {args.measurements}: no folder {args.measurements.parent}")
-    if getattr(args, "relink", False) and args.print_only:
+    if args.relink and args.print_only:  # every caller sets --relink (grid_124m: False)
         _refuse("--relink: sweeps the link on the ranks, and --print-only runs nothing")
 
 
