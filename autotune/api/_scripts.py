@@ -60,7 +60,7 @@ def check_script(
     """
     if machine.nnodes != 1:
         raise AutotuneError(f"--nnodes {machine.nnodes}: a script's trials run on this node only")
-    if "fsdp2" in options.engines:
+    if "fsdp2" in (options.engines or ()):
         raise AutotuneError(
             "--engines fsdp2: a script's trials inject DeepSpeed only (the FSDP2 plugin is not "
             "injected into Trainer or Accelerate scripts); tune a model file for FSDP2"
@@ -127,6 +127,7 @@ def tune_script(
         script = next((t for t in command if t.endswith(".py")), command[-1])
         stem = f"{Path(script).stem}-g{options.global_batch}-n{machine.nproc_per_node}"
         options = replace(options, study_name=stem)
+    options = replace(options, engines=options.searched_engines(script=True))
     machine = replace(machine, device=trial_device(machine.device))
     settings = trial_settings(label, options, machine, default_guard(machine.nproc_per_node))
     if runner is None:

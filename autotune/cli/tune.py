@@ -55,7 +55,7 @@ def tune_command(
     policy: Path | None = typer.Option(TuneOptions.policy_path, "--policy", help='A policy TOML file (default: the shipped autotune/policy/default.toml; a file with extends = "default" extends it).'),
     out_dir: Path = typer.Option(Path("."), "--out-dir", help="Where recommendation.json, ds_config.json and autotune-tune.json go (created if missing)."),
     finish: bool = typer.Option(TuneOptions.finish, "--finish", help="Start no trial: read the study's final comparison (run it if no worker still runs trials)."),
-    engines: str = typer.Option(",".join(TuneOptions.engines), "--engines", help="Who may shard a ZeRO stage: deepspeed, or deepspeed,fsdp2 to also search PyTorch's FSDP2 (with --nproc-per-node > 1)."),
+    engines: str | None = typer.Option(TuneOptions.engines, "--engines", show_default=False, help="Who may shard a ZeRO stage: deepspeed, fsdp2, or both (default: both for a model file, searched where a trial has several ranks; deepspeed for a script after --)."),
     json_output: bool = _options.JSON,
     hf_config: str | None = _source.HF_CONFIG,
     hf_model: str | None = _source.HF_MODEL,
@@ -89,7 +89,7 @@ def tune_command(
             profile_path=str(profile) if profile else None,
             policy_path=str(policy) if policy else None,
             baseline=_baseline(baseline, per_rank, machine) if baseline else None,
-            engines=_engines(engines), finish=finish, rdzv_endpoint=rdzv_endpoint,
+            engines=_engines(engines) if engines is not None else None, finish=finish, rdzv_endpoint=rdzv_endpoint,
             join_timeout_s=join_timeout,
         )  # fmt: skip
         # After --, the first token lands in MODEL's place: it is the command's.

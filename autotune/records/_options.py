@@ -19,6 +19,10 @@ JOIN_TIMEOUT_S = 120.0
 FRONT_SIZE = 4
 """Plans of the predicted front queued after the policy's plan and the baseline."""
 ENGINES = ("deepspeed", "fsdp2")
+"""Who may shard a ZeRO stage; a model file's tune searches both by default (``--engines``)."""
+SCRIPT_ENGINES = ("deepspeed",)
+"""What a script's trials can inject: DeepSpeed only (no FSDP2 plugin for Trainer or
+Accelerate scripts), a script's tune's default."""
 AUTOCASTS = ("off", "bf16", "fp16")
 """``--autocast`` of a profile: off (fp32), or torch.autocast to bf16 or fp16."""
 SHORT_PROFILE_STEPS = 2
@@ -138,8 +142,10 @@ class TuneOptions:
     """A policy TOML file; ``None``: the default policy (``--policy``)."""
     baseline: Plan | None = None
     """The user's current plan; ``None``: the per-rank batch in one micro-batch (``--baseline``)."""
-    engines: tuple[str, ...] = ("deepspeed",)
-    """Who may shard a ZeRO stage: ``deepspeed``, and ``fsdp2`` when asked (``--engines``)."""
+    engines: tuple[str, ...] | None = None
+    """Who may shard a ZeRO stage (``--engines``); ``None``: both of :data:`ENGINES` for a
+    model file (the engine a knob of the study where a trial has several ranks), DeepSpeed
+    alone for a script (:data:`SCRIPT_ENGINES`)."""
     finish: bool = False
     """Start no trial: read (or run) the study's final comparison (``--finish``)."""
     rdzv_endpoint: str | None = None
@@ -164,11 +170,16 @@ class TuneOptions:
                 f"{named('interval_width', '--interval')}: {self.interval_width} is not a share "
                 "in [0, 1)"
             )
-        bad = [name for name in self.engines if name not in ENGINES]
-        if bad or not self.engines:
+        bad = [name for name in self.engines or ENGINES if name not in ENGINES]
+        if bad or self.engines == ():
             raise AutotuneError(
                 f"{named('engines')}: {','.join(bad) or '(none)'}: use deepspeed and/or fsdp2"
             )
+
+    def searched_engines(self, *, script: bool = False) -> tuple[str, ...]:
+        """The engines the study may shard with: ``engines`` as given, else the default of a
+        model file's tune (both) or a script's (DeepSpeed alone)."""
+        return self.engines or (SCRIPT_ENGINES if script else ENGINES)
 
     def check_machine(self, machine: Machine) -> None:
         """The checks that need the machine too: the batch splits over its ranks and the

@@ -1,4 +1,5 @@
-"""The engine knob in the search: FSDP2 plans join the space only when asked, and the study tries them."""
+"""The engine knob in the search: FSDP2 plans join a model file's space by default (a script's only
+when asked, where it is refused), and the study tries them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from autotune.records import AutotuneError, Plan
 from autotune.search import TrialResult, TrialSettings
 from autotune.search._runner import FakeRunner
 from autotune.search._space import make_space
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "deepspeed_train.py"
 
 
 def test_the_space_holds_fsdp2_plans_only_when_asked() -> None:
@@ -31,7 +34,10 @@ def test_an_unknown_engine_is_refused() -> None:
         make_space(8, 2, 1, None, None, engines=("deepspeed", "megatron"))
 
 
-def test_the_study_measures_fsdp2_plans_when_asked(tmp_path: Path) -> None:
+@pytest.mark.parametrize("asked", [("deepspeed", "fsdp2"), None], ids=["asked", "default"])
+def test_the_study_measures_fsdp2_plans_by_default_and_when_asked(
+    tmp_path: Path, asked: tuple[str, ...] | None
+) -> None:
     def behaviour(plan: Plan, settings: TrialSettings) -> TrialResult:
         speed = 10.0 + plan.micro_batch + (3.0 if plan.engine == "fsdp2" else 0.0)
         return TrialResult(completed_steps=4, samples_per_s=speed, peak_memory_bytes=[100, 100],
@@ -41,12 +47,27 @@ def test_the_study_measures_fsdp2_plans_when_asked(tmp_path: Path) -> None:
     settings = TrialSettings(model_file=str(tmp_path / "m.py"), device_memory=1000, timeout_s=5)
     record = run_tune(
         "m.py", global_batch=8, settings=settings, runner=runner, nproc=2, trials=12,
-        storage=str(tmp_path / "s.db"), repeats=1, seed=0, engines=("deepspeed", "fsdp2"),
+        storage=str(tmp_path / "s.db"), repeats=1, seed=0, engines=asked,
     )  # fmt: skip
     engines = {plan.engine for plan in runner.plans}
     assert engines == {"deepspeed", "fsdp2"}
     assert record.recommendation is not None
     assert record.recommendation.plan.engine == "fsdp2"  # the faster engine in this fake
+
+
+def test_a_model_file_searches_both_engines_and_a_script_deepspeed_unless_told() -> None:
+    from autotune.api import check_script
+    from autotune.records import Machine, TuneOptions
+
+    assert TuneOptions(global_batch=8).searched_engines() == ("deepspeed", "fsdp2")
+    assert TuneOptions(global_batch=8).searched_engines(script=True) == ("deepspeed",)
+    told = TuneOptions(global_batch=8, engines=("deepspeed",))
+    assert told.searched_engines() == told.searched_engines(script=True) == ("deepspeed",)
+    machine, script = Machine(nproc_per_node=2), ["python", str(SCRIPT)]
+    check_script(script, TuneOptions(global_batch=8), machine)  # no refusal
+    asked = TuneOptions(global_batch=8, engines=("deepspeed", "fsdp2"))
+    with pytest.raises(AutotuneError, match="--engines fsdp2: a script's trials inject DeepSpeed"):
+        check_script(script, asked, machine)
 
 
 def test_tune_cli_refuses_an_unknown_engine_before_any_work(tmp_path: Path) -> None:

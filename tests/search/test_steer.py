@@ -4,6 +4,7 @@ the best measured one beyond the error bar are skipped (with the reason), never 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from _search import run_tune
 
@@ -179,3 +180,74 @@ def test_a_single_runs_noise_is_at_least_the_spread_between_runs() -> None:
                                 [record]) is None  # fmt: skip
         assert slower_than_best(Prediction(True, 1000, "formula", step_time_ratio=1.21),
                                 [record]) is not None  # fmt: skip
+
+
+def test_the_front_measures_each_engine_at_each_stage() -> None:
+    """Keyed by stage alone, the engine predicted a hair ahead takes the stage's place: on the
+    124M model DeepSpeed's ZeRO-2 did, predicted 0.6 % ahead of FSDP2's stage 2, and FSDP2's
+    (the grid's best) was never measured. One plan per engine, stage and precision is."""
+    space = make_space(32, 2, 0, None, None, engines=("deepspeed", "fsdp2"))
+
+    def fsdp2_a_hair_behind(plan: Plan) -> Prediction:
+        found = predict(plan)
+        hair = 1.006 if plan.engine == "fsdp2" else 1.0
+        return Prediction(
+            True, 1000, "formula", step_time_ratio=(found.step_time_ratio or 0) * hair
+        )
+
+    front = predicted_front(space, fsdp2_a_hair_behind, size=6)
+    expected = {("deepspeed", s) for s in range(4)} | {("fsdp2", 2), ("fsdp2", 3)}
+    assert {(p.engine, p.zero_stage) for p in front} == expected
+    assert all((p.micro_batch, p.grad_accum) == (16, 1) for p in front)
+
+
+def test_with_several_ranks_the_front_waits_for_the_link_the_first_trial_sweeps(
+    tmp_path: Path,
+) -> None:
+    """Blind to communication, the estimate ranks the largest micro-batch first; timed on the
+    link the first trial sweeps, mb=4 (on this made-up host the fastest, as
+    :func:`shared_host_seconds` has it). The front is queued once the link is known, from the
+    estimate on it: it measures mb=4 at every stage, and the fastest plan is found."""
+    from autotune.estimator import link_measure
+    from autotune.records import LinkMeasure, LinkPoint
+
+    points = [LinkPoint(collective=c, nbytes=size, seconds=1e-4 + size / 1e9, low=1e-4 + size / 1e9,
+                        high=1e-4 + size / 1e9, repeats=1)
+              for c in ("all_reduce", "all_gather", "reduce_scatter") for size in (2**16, 2**20)]  # fmt: skip
+    link = link_measure(points, 2, "gloo")
+
+    def on_link(plan: Plan) -> Prediction:
+        return Prediction(True, 1000, "formula", step_time_ratio=shared_host_seconds(plan))
+
+    def swept(plan: Plan, settings: TrialSettings) -> TrialResult:
+        seconds = shared_host_seconds(plan)
+        return TrialResult(completed_steps=4, samples_per_s=plan.global_batch / seconds,
+                           step_time=seconds, step_times=[seconds] * 3, peak_memory_bytes=[1000],
+                           peak_source="fake", reused=True, first_step_at=None,
+                           link=link if settings.sweep_link else None)  # fmt: skip
+
+    relinked: list[LinkMeasure] = []
+
+    def relink(measured: LinkMeasure) -> Any:
+        relinked.append(measured)
+        return on_link
+
+    largest = Plan(micro_batch=16, nproc_per_node=2)
+    record = run_tune(
+        "model.py", global_batch=32, settings=TrialSettings(model_file="model.py"),
+        runner=FakeRunner(swept), nproc=2, blocks=3, policy=largest.with_changes(zero_stage=1),
+        baseline=largest, predict=predict, relink=relink, trials=8, engines=("deepspeed",),
+        storage=str(tmp_path / "s.db"), repeats=0, seed=1,
+    )  # fmt: skip
+    space = make_space(32, 2, 3, None, None)
+    blind = predicted_front(space, predict)
+    assert {p.micro_batch for p in blind} == {16}  # what the front would have been at the start
+    assert relinked == [link]
+    front = [t for t in record.trials if t.role == "predicted"]
+    assert [t.plan for t in front] == predicted_front(space, on_link)
+    assert {t.plan.micro_batch for t in front} == {4} and len(front) == 4
+    assert all(t.number > record.trials[0].number for t in front)  # after the sweeping trial
+    assert any(n.startswith("predicted front queued after the link's sweep") for n in record.notes)
+    fastest = min(space.all_plans(), key=shared_host_seconds)
+    assert record.recommendation is not None
+    assert shared_host_seconds(record.recommendation.plan) == shared_host_seconds(fastest)

@@ -494,13 +494,15 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
     assert any(f"swept after trial {first.number}" in note for note in record.notes)
     # one sweep is used, so the trials after it and the comparison's runs sweep none
     assert sweeps[0] and not any(sweeps[1:]) and len(sweeps) > 1
-    # the sweep also measures the engines of the plans that may run: every stage fits this
-    # memory model, and fp32 is the space's one precision
-    assert engines[0] == [f"deepspeed-{stage}-fp32" for stage in range(4)]
+    # the sweep also measures the engines of the plans that may run: every stage of both
+    # engines (a model file's tune searches FSDP2 too) fits this memory model, and fp32 is the
+    # space's one precision
+    assert engines[0] == [*(f"deepspeed-{stage}-fp32" for stage in range(4)),
+                          "fsdp2-2-fp32", "fsdp2-3-fp32"]  # fmt: skip
 
 
 def test_the_sweep_measures_no_engine_that_no_fitting_plan_runs(tmp_path: Path) -> None:
-    """ZeRO-3 predicted never to fit: its engine's cost is not measured."""
+    """ZeRO-3 predicted never to fit: its engines' costs are not measured (DeepSpeed's, FSDP2's)."""
     asked: list[list[str]] = []
 
     def run(plan: Plan, s: TrialSettings) -> TrialResult:
@@ -514,7 +516,7 @@ def test_the_sweep_measures_no_engine_that_no_fitting_plan_runs(tmp_path: Path) 
     run_tune("model.py", global_batch=16, settings=settings(tmp_path), runner=FakeRunner(run),
              nproc=2, blocks=2, predict=no_stage3, relink=lambda link: no_stage3, trials=2,
              storage=str(tmp_path / "s.db"), repeats=0)  # fmt: skip
-    assert asked[0] == [f"deepspeed-{stage}-fp32" for stage in range(3)]
+    assert asked[0] == [*(f"deepspeed-{stage}-fp32" for stage in range(3)), "fsdp2-2-fp32"]
 
 
 def _attention_runner(sdpa_speedup: float) -> FakeRunner:
