@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from autotune.api import tune_model
-from autotune.records import Plan, parse_plan
+from autotune.records import Plan, TuneOptions, parse_plan
 from autotune.runtime.trial.entry_points import ENTRY_POINTS
 from autotune.search import PoolRunner, TrialSettings
 from autotune.search._outcome import classify_outcome
@@ -122,9 +122,12 @@ def _print_tune(record: object, wall: float) -> None:
 def grid_space(global_batch: int, nproc: int, blocks: int, pick: Plan) -> SearchSpace:
     """The grid's space: tune's space around the pick, fp32 and bf16 both, whichever the pick
     has (until stop 58 a pick in fp32 got a grid of fp32 plans only, 100 on tiny Llama, and a
-    bf16 pick one of both, 200). The pick's other knobs (its attention) hold for every plan."""
+    bf16 pick one of both, 200), and both engines, as a model file's tune searches them by
+    default (until stop 60 DeepSpeed's only). The pick's other knobs (its attention) hold for
+    every plan."""
     other = Plan(precision="fp32" if pick.precision != "fp32" else "bf16")
-    return make_space(global_batch, nproc, blocks, pick, other)
+    engines = TuneOptions(global_batch=global_batch).searched_engines()
+    return make_space(global_batch, nproc, blocks, pick, other, engines=engines)
 
 
 def _grid_and_compare(pool: PoolRunner, model: str, args: argparse.Namespace, pick: Plan,
