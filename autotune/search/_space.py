@@ -1,5 +1,5 @@
 """The search space of a tune run: micro-batch, checkpointed blocks, ZeRO stage, precision and,
-when asked, the sharding engine (pure)."""
+where several are searched, the sharding engine (pure)."""
 
 from __future__ import annotations
 
@@ -48,12 +48,18 @@ class SearchSpace:
     precisions: tuple[str, ...]
     nnodes: int = 1
     engines: tuple[str, ...] = ("deepspeed",)
-    """Who shards a ZeRO stage: ``deepspeed`` and, when asked, ``fsdp2`` (PyTorch's fully_shard)."""
+    """Who shards a ZeRO stage: ``deepspeed`` and/or ``fsdp2`` (PyTorch's fully_shard)."""
 
     @property
     def searches_engine(self) -> bool:
         """Whether the engine is a knob of the study (several engines and several ranks)."""
         return len(self.engines) > 1 and self.world > 1
+
+    @property
+    def engine(self) -> str:
+        """The engine of every plan where the engine is no knob: the one given, else DeepSpeed
+        (a stage FSDP2 cannot express, ZeRO-0, stays DeepSpeed's either way)."""
+        return self.engines[0] if len(self.engines) == 1 else "deepspeed"
 
     @property
     def world(self) -> int:
@@ -100,7 +106,7 @@ class SearchSpace:
         if stage != 3:
             changes["offload_param"] = "none"
         plan = self.base.with_changes(engine="deepspeed", **changes)
-        if params.get("engine") == "fsdp2":
+        if params.get("engine", self.engine) == "fsdp2":
             # the nearest FSDP2 plan; a stage FSDP2 cannot express stays DeepSpeed's
             return fsdp2_equivalent(plan) or plan
         return plan
@@ -133,7 +139,7 @@ class SearchSpace:
 
     def all_plans(self) -> list[Plan]:
         """Every plan of the space (the exhaustive grid)."""
-        engines = self.engines if self.searches_engine else ("deepspeed",)
+        engines = self.engines if self.searches_engine else (self.engine,)
         plans = [
             self.plan(
                 {

@@ -128,8 +128,8 @@ class _Search:
         """Queue the predicted front held back until the link was swept: ranked by the estimate
         that times communication on it and knows the engines' own costs (without them, on the
         124M model here, it ranked bf16 mb=1 ga=4 first at every stage, the slowest micro-batch
-        of the sharded plans; with them, bf16 mb=4 ZeRO-1 and FSDP2 stage 2, the grid's two
-        best, came first). Queued at once if the queue drains first (no trial swept a link)."""
+        of the sharded plans; with them, bf16 mb=4 at ZeRO-1 and FSDP2 stage 2, the grid's third
+        and best, came first). Queued at once if the queue drains first (no trial swept a link)."""
         if not self.front or self.predict is None:
             return
         if self.link is None and any(r.state == "waiting" for r in records):
@@ -466,8 +466,9 @@ def trial_settings(model_file: str, options: TuneOptions, machine: Machine,
 def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialSettings,
            base_plan: Plan, notes: list[str], predict: Predict | None, front: int) -> float:  # fmt: skip
     """Queue the policy's plan, its twin with the model's code unchanged (where the policy
-    changes it: :meth:`_Search.learn_code`), the baseline and the predicted front; pay
-    launcher start-up once.
+    changes it: :meth:`_Search.learn_code`), the baseline and ``front`` plans of the predicted
+    front (0 where it waits for the link: :meth:`_Search.queue_front`); pay launcher start-up
+    once.
 
     Returns:
         The seconds the launcher's start-up took (0 where it had nothing to start).

@@ -29,6 +29,16 @@ def test_the_space_holds_fsdp2_plans_only_when_asked() -> None:
     assert {p.engine for p in one_rank.all_plans()} == {"deepspeed"}
 
 
+def test_fsdp2_alone_shards_every_stage_it_can_express() -> None:
+    """``--engines fsdp2``: every sharded plan is FSDP2's (until stop 60 the space ignored a
+    lone engine and searched DeepSpeed's plans); ZeRO-0, which FSDP2 cannot express, stays."""
+    alone = make_space(8, 2, 1, None, None, engines=("fsdp2",))
+    found = {(p.engine, p.zero_stage) for p in alone.all_plans()}
+    assert found == {("deepspeed", 0), ("fsdp2", 2), ("fsdp2", 3)}
+    for plan in alone.all_plans():
+        assert alone.plan(alone.params(plan)) == plan
+
+
 def test_an_unknown_engine_is_refused() -> None:
     with pytest.raises(AutotuneError, match="--engines: megatron"):
         make_space(8, 2, 1, None, None, engines=("deepspeed", "megatron"))
