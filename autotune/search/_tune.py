@@ -134,11 +134,8 @@ class _Search:
             return
         if self.link is None and any(r.state == "waiting" for r in records):
             return
-        plans = [leaner_plan(plan, self.space, self.predict, [], stages=False)[0]
-                 for plan in predicted_front(self.space, self.predict, self.front)]  # fmt: skip
+        plans = _enqueue_front(self.study, self.space, self.predict, self.front)
         self.front = 0
-        for plan in plans:
-            _study.enqueue(self.study, self.space, plan, "predicted")
         when = "after the link's sweep" if self.link is not None else "without a swept link"
         notes.append(f"predicted front queued {when}: "
                      + ", ".join(plan.describe() for plan in plans))  # fmt: skip
@@ -487,9 +484,7 @@ def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialS
         _study.enqueue(study, space, base_plan, "baseline")
         notes.extend(_policy_note(policy_plan, base_plan, predict))
     if predict is not None:
-        for plan in predicted_front(space, predict, front):
-            _study.enqueue(study, space, leaner_plan(plan, space, predict, [], stages=False)[0],
-                           "predicted")  # fmt: skip
+        _enqueue_front(study, space, predict, front)
     shapes = [base_plan, policy_plan] + (
         [space.plan({"micro_batch": 1, "zero_stage": 1})] if space.world > 1 else []
     )
@@ -498,6 +493,16 @@ def _start(study: Any, space: SearchSpace, runner: TrialRunner, settings: TrialS
     if warm:
         notes.append(f"launcher start-up paid once before the study: {warm:.1f} s (not trial time)")
     return time.monotonic() - mark
+
+
+def _enqueue_front(study: Any, space: SearchSpace, predict: Predict, size: int) -> list[Plan]:
+    """Queue ``size`` plans of the predicted front, each without the knobs it does not need
+    (:func:`leaner_plan`, stages kept: the front measures one plan per stage); the plans."""
+    plans = [leaner_plan(plan, space, predict, [], stages=False)[0]
+             for plan in predicted_front(space, predict, size)]  # fmt: skip
+    for plan in plans:
+        _study.enqueue(study, space, plan, "predicted")
+    return plans
 
 
 def _policy_note(policy: Plan, baseline: Plan, predict: Predict | None) -> list[str]:
