@@ -91,7 +91,19 @@ class LinkMeasure(Record):
     engine_costs: list[EngineCost] = Field(
         default_factory=list,
         description="what each engine's own code adds per micro-batch and per step on these "
-        "ranks, measured after the sweep (none where not asked for)",
+        "ranks, measured after the sweep or kept from an earlier one on this machine "
+        "(engine_costs_kept); none where not asked for",
+    )
+    engine_costs_kept: list[str] = Field(
+        default_factory=list,
+        description="the engines of engine_costs read from engine_costs_file, measured by an "
+        "earlier sweep on this machine, with these versions, ranks and threads, not by this one",
+    )
+    engine_costs_file: str | None = Field(
+        default=None,
+        description="the file this machine keeps its engines' costs in for such a group "
+        "(autotune.runtime.trial.engine_cost; None: not kept, for a group over several "
+        "machines, or none asked for)",
     )
 
     def engine_cost(self, key: str) -> EngineCost | None:

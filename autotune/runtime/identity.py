@@ -8,7 +8,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["measured_on"]
+__all__ = ["machine_identity", "measured_on"]
 
 _PACKAGES = {"autotune": "autotune-advisor", "torch": "torch", "deepspeed": "deepspeed",
              "transformers": "transformers"}  # fmt: skip
@@ -18,7 +18,14 @@ def measured_on(model_file: str | Path, device: str) -> dict[str, str]:
     """The identity of a tune: ``model_sha256`` (the file's bytes; a Hugging Face config's
     generated file holds the config), each package's version (``absent`` if not installed),
     ``device_name`` and ``device_count``."""
-    identity = {"model_sha256": hashlib.sha256(Path(model_file).read_bytes()).hexdigest()}
+    return {"model_sha256": hashlib.sha256(Path(model_file).read_bytes()).hexdigest(),
+            **machine_identity(device)}  # fmt: skip
+
+
+def machine_identity(device: str) -> dict[str, str]:
+    """What measures on ``device`` (``cpu`` or a GPU's type): each package's version
+    (``absent`` if not installed), ``device_name`` and ``device_count``."""
+    identity = {}
     for key, package in _PACKAGES.items():
         try:
             identity[key] = metadata.version(package)

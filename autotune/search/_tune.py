@@ -86,6 +86,17 @@ def _why_stopped(exc: BaseException) -> str:
     return f"stopped by {type(exc).__name__}: {exc}"
 
 
+def _engine_costs_said(link: LinkMeasure) -> str:
+    """How the link's engine costs were had, for the link's note: measured after the sweep, or
+    kept from an earlier sweep on this machine (and where)."""
+    total, kept = len(link.engine_costs), len(link.engine_costs_kept)
+    if not kept:
+        return f" and the engines' own costs, {total} measured after it" if total else ""
+    fresh = f", {total - kept} measured after it" if kept < total else ""
+    return (f" and the engines' own costs: {kept} kept from an earlier sweep on this machine "
+            f"({link.engine_costs_file}; delete it to measure them anew){fresh}")  # fmt: skip
+
+
 class _Search:
     """One worker's ask-run-tell loop over a shared study."""
 
@@ -115,13 +126,13 @@ class _Search:
         swept = next((r for r in records if r.link is not None), None)
         if swept is None or swept.link is None:
             return
-        self.link = swept.link
-        self.predict = self.relink(swept.link)
+        self.link = link = swept.link
+        self.predict = self.relink(link)
         self._predictions.clear()
         notes.append(
             f"link between the ranks, swept after trial {swept.number}: "
-            f"{swept.link.latency_s * 1e6:.0f} us + {swept.link.gbps:.3g} Gbit/s bus "
-            f"({swept.link.backend}); the predictions after it time communication on it"
+            f"{link.latency_s * 1e6:.0f} us + {link.gbps:.3g} Gbit/s bus ({link.backend}); the "
+            f"predictions after it time communication on it{_engine_costs_said(link)}"
         )
 
     def queue_front(self, records: list[TrialRecord], notes: list[str]) -> None:

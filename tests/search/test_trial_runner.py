@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import textwrap
@@ -263,7 +264,8 @@ def test_the_warmup_step_is_tracked_on_a_cpu_only_where_a_peak_is_wanted_from_it
 def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     system_tmp = tmp_path / "system-tmp"  # the launches' temporary directory (TMPDIR)
     system_tmp.mkdir()
-    env = {"OMP_NUM_THREADS": "1", "TMPDIR": str(system_tmp)}
+    cache = tmp_path / "cache"  # where the machine keeps its engines' costs, empty at first
+    env = {"OMP_NUM_THREADS": "1", "TMPDIR": str(system_tmp), "AUTOTUNE_CACHE_DIR": str(cache)}
     runner = SubprocessRunner(entry_points=ENTRY_POINTS, env=env, workdir=tmp_path / "trials")
     plan = Plan(zero_stage=2, micro_batch=2, grad_accum=2, nproc_per_node=2)
     # the link's sweep also measures two engines' own costs (not this plan's: any engine runs
@@ -308,6 +310,12 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
         ([4, 16, 2], [1, 1, 1], [8, 8, 2048]), ([4, 16, 2, 4], [1, 1, 1, 8], [8, 8, 2048, 8])]  # fmt: skip
     assert all(c.steps == 4 and math.isfinite(c.micro_fixed_s + c.step_fixed_s)
                for c in link.engine_costs)  # fmt: skip
+    # measured, not read: the machine kept them, in the one file under the cache folder
+    assert link.engine_costs_kept == [] and link.engine_costs_file is not None
+    (kept,) = (cache / "engine-costs").iterdir()
+    assert str(kept) == link.engine_costs_file
+    assert json.loads(kept.read_text())["engine_costs"] == [
+        c.model_dump(mode="json") for c in link.engine_costs]  # fmt: skip
     # a run of a study that has its link and the plan's peak (a comparison's re-run): neither
     # is measured again, the steps are
     again = runner.run(plan, settings.model_copy(update={"measure_peak": False,
@@ -315,11 +323,18 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     assert again is not None and again.completed_steps == 3 and again.samples_per_s
     assert again.link is None and again.peak_memory_bytes == [] and again.peak_source is None
     # a link known already (a bench's, kept with its measurements): the ranks sweep nothing new,
-    # and the link they report (the engines' costs would be measured against it) is that one
-    known = link.model_copy(update={"engine_costs": [], "latency_s": 0.25})
-    told = runner.run(plan, settings.model_copy(update={"measure_peak": False, "engine_costs": [],
-                                                        "known_link": known})).result  # fmt: skip
-    assert told is not None and told.link == known
+    # and the link they report is that one, with the engines' costs this machine kept for such a
+    # link (of the same order of bandwidth), read from the file, none measured again
+    known = link.model_copy(update={"engine_costs": [], "engine_costs_file": None,
+                                    "latency_s": 0.25})  # fmt: skip
+    told = runner.run(plan, settings.model_copy(update={
+        "measure_peak": False, "engine_costs": ["fsdp2-3-fp32"], "known_link": known})).result  # fmt: skip
+    assert told is not None and told.link is not None
+    assert told.link.model_copy(update={"engine_costs": [], "engine_costs_kept": [],
+                                        "engine_costs_file": None}) == known  # fmt: skip
+    assert told.link.engine_costs == [link.engine_costs[1]]
+    assert told.link.engine_costs_kept == ["fsdp2-3-fp32"]
+    assert told.link.engine_costs_file == str(kept)
     # torchrun's log folders went with the trials' own: none left in the temporary directory
     assert not list(system_tmp.glob("torchelastic_*")), list(system_tmp.iterdir())
 

@@ -460,13 +460,19 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
     """The first 2-rank trial brings back the link between its ranks; from then on every plan
     is predicted by ``relink(link)``, and the record keeps the link and says so."""
     from autotune.estimator import link_measure
-    from autotune.records import LinkPoint
+    from autotune.records import EngineCost, LinkPoint
 
     points = [LinkPoint(collective=c, nbytes=size, seconds=1e-4 + size / 1e9, low=1e-4 + size / 1e9,
                         high=1e-4 + size / 1e9, repeats=1)
               for c in ("all_reduce", "all_gather", "reduce_scatter")
               for size in (2**16, 2**20)]  # fmt: skip
-    link = link_measure(points, 2, "gloo")
+    costs = [EngineCost(engine=engine, micro_fixed_s=1e-3, micro_per_tensor_s=0.0,
+                        step_fixed_s=1e-3, step_per_tensor_s=0.0, blocks=[4], per_block=[1],
+                        steps=4) for engine in ("deepspeed-0-fp32", "fsdp2-2-fp32")]  # fmt: skip
+    # the first engine's cost kept by an earlier sweep on this machine, the second measured
+    link = link_measure(points, 2, "gloo").model_copy(update={
+        "engine_costs": costs, "engine_costs_kept": ["deepspeed-0-fp32"],
+        "engine_costs_file": "/cache/engine-costs/a.json"})  # fmt: skip
 
     sweeps: list[bool] = []
     engines: list[list[str]] = []
@@ -491,7 +497,10 @@ def test_a_link_a_trial_swept_times_the_predictions_after_it(tmp_path: Path) -> 
     later = [t for t in record.trials if t.number > first.number and t.outcome is not None]
     assert later and all(t.predicted_step_ratio == 0.5 for t in later)
     assert all(t.predicted_step_ratio != 0.5 for t in record.trials if t.number <= first.number)
-    assert any(f"swept after trial {first.number}" in note for note in record.notes)
+    (said,) = (note for note in record.notes if f"swept after trial {first.number}" in note)
+    assert said.endswith("the engines' own costs: 1 kept from an earlier sweep on this machine "
+                         "(/cache/engine-costs/a.json; delete it to measure them anew), 1 "
+                         "measured after it")  # fmt: skip
     # one sweep is used, so the trials after it and the comparison's runs sweep none
     assert sweeps[0] and not any(sweeps[1:]) and len(sweeps) > 1
     # the sweep also measures the engines of the plans that may run: every stage of both

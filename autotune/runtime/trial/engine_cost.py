@@ -1,14 +1,25 @@
 """Measure what each engine's own code adds to a step on the ranks of a live process group:
 DeepSpeed's or FSDP2's, on stacks of square matrices (``autotune.estimator.engine_stacks``), less
 the stack's own compute and optimizer step (timed here in plain torch) and the collectives the
-time model counts on the swept link (:mod:`autotune.estimator._engine_cost`)."""
+time model counts on the swept link (:mod:`autotune.estimator._engine_cost`).
+
+They depend on the machine, not the model: a group on one machine keeps them in
+``$AUTOTUNE_CACHE_DIR/engine-costs`` (default ``~/.cache/autotune``), one file per machine,
+package versions, world size, backend and threads, and its later sweeps on a link of the same
+order of bandwidth measure only the engines the file lacks (about 30 s for the twelve of a 2-rank CPU
+search). Delete the file to measure them anew."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,13 +33,17 @@ from autotune.estimator import (
     stack_optimizer_scale,
 )
 from autotune.estimator import stack_plan as _stack_plan
-from autotune.records import EngineCost, LinkMeasure
+from autotune.records import AutotuneError, EngineCost, LinkMeasure, atomic_write_text
 
 STEPS = 4
 """Timed optimizer steps on each stack, after one untimed: a second or two an engine."""
 
 GRAD_ACCUM = 3
 """Micro-batches per step: the first two time a micro-batch, the last adds the boundary's."""
+
+KEPT_VERSION = 1
+"""Bumped when what the calibration measures changes beyond its stacks and steps (kept costs
+from before are then measured anew)."""
 
 
 class _Block(nn.Module):
@@ -185,13 +200,87 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
     return costs
 
 
+def kept_file(link: LinkMeasure) -> Path | None:
+    """The file this machine keeps the engines' costs in for a group like this one (``None``
+    for a group over several machines: their costs are measured by every sweep). Its name is a
+    hash of what they depend on but the model and the link: the machine and package versions
+    (:func:`autotune.runtime.identity.machine_identity`), the group's world size and backend,
+    the CPUs and threads a rank has, the calibration's stacks and steps. The link is in the file
+    (:func:`_read_kept`)."""
+    from autotune.runtime.identity import machine_identity
+    from autotune.runtime.trace_cache import cache_dir
+
+    if os.environ.get("LOCAL_WORLD_SIZE") != str(link.world_size):
+        return None
+    stacks = {key: engine_stacks(key) for key in ("deepspeed-0-fp32", "fsdp2-2-fp32")}
+    key = json.dumps([KEPT_VERSION, sorted(machine_identity("cuda" if link.backend == "nccl" else "cpu").items()),
+                      link.world_size, link.backend, len(os.sched_getaffinity(0)),
+                      torch.get_num_threads(), stacks, STEPS, GRAD_ACCUM])  # fmt: skip
+    name = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return cache_dir() / "engine-costs" / f"{name}.json"
+
+
+KEPT_BANDWIDTH_RATIO = 2.0
+"""Kept costs serve a link whose bus bandwidth is within this factor of the one they were
+measured on: the collectives' time the time model counts is taken out of them, yet a link
+shaped an order slower (``tc``) measures its own."""
+
+
+def _read_kept(path: Path | None, link: LinkMeasure) -> dict[str, EngineCost]:
+    """The costs kept in ``path`` by engine, measured on a link like ``link`` (none where the
+    file is missing or unreadable, or its link's bandwidth is another order: measured anew,
+    and the file written again)."""
+    if path is None:
+        return {}
+    try:
+        kept = json.loads(path.read_text())
+        if abs(math.log(kept["gbps"] / link.gbps)) > math.log(KEPT_BANDWIDTH_RATIO):
+            return {}
+        return {cost.engine: cost for cost in map(EngineCost.model_validate, kept["engine_costs"])}
+    except (OSError, ValueError, LookupError, TypeError, ZeroDivisionError):
+        return {}
+
+
+def _kept(path: Path | None, link: LinkMeasure) -> dict[str, EngineCost]:
+    """Rank 0's kept costs, on every rank: all then measure the same engines."""
+    held = [json.dumps([c.model_dump(mode="json") for c in _read_kept(path, link).values()])
+            if dist.get_rank() == 0 else None]  # fmt: skip
+    dist.broadcast_object_list(held, src=0)
+    costs = map(EngineCost.model_validate, json.loads(held[0] or "[]"))
+    return {cost.engine: cost for cost in costs}
+
+
+def _keep(path: Path, link: LinkMeasure, costs: dict[str, EngineCost]) -> None:
+    """Write ``costs``, measured on ``link``, to ``path`` for later sweeps (a line says where
+    that failed: this sweep's costs stand)."""
+    text = json.dumps({"gbps": link.gbps,
+                       "engine_costs": [cost.model_dump(mode="json") for cost in costs.values()]},
+                      indent=1)  # fmt: skip
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text + "\n")
+    except (OSError, AutotuneError) as error:
+        print(f"autotune: engines' costs not kept in {path} ({error}); later sweeps measure "
+              "them again", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def with_engine_costs(link: LinkMeasure, keys: Sequence[str]) -> LinkMeasure:
-    """``link`` with the costs of ``keys`` measured (:func:`measure`); unchanged without keys,
-    or where the measuring fails (a line says why: the trial's result stands without them)."""
+    """``link`` with the costs of ``keys``: those this machine keeps (:func:`kept_file`), the
+    rest measured (:func:`measure`) and kept; unchanged without keys, or where the measuring
+    fails (a line says why: the trial's result stands without them)."""
     if not keys:
         return link
     try:
-        return link.model_copy(update={"engine_costs": measure(keys, link)})
+        path = kept_file(link)
+        kept = _kept(path, link)
+        missing = [key for key in keys if key not in kept]
+        measured = {cost.engine: cost for cost in measure(missing, link)}
+        if measured and path is not None and dist.get_rank() == 0:
+            _keep(path, link, {**kept, **measured})
+        return link.model_copy(update={
+            "engine_costs": [measured.get(key) or kept[key] for key in keys],
+            "engine_costs_kept": [key for key in keys if key not in measured],
+            "engine_costs_file": str(path) if path is not None else None})  # fmt: skip
     except Exception as error:  # the same code on every rank: all get here
         print(f"autotune: engines' own costs not measured ({type(error).__name__}: {error}); "
               "the trial stands without them", file=sys.stderr, flush=True)  # fmt: skip
