@@ -540,10 +540,12 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
     while asks < cap:
         _shared.recover(search.study, notes)
         left = None if budget_s is None else budget_s - (time.monotonic() - start)
-        if _done(search, trials) or (left is not None and left <= 0):
-            # Wait for the other workers' trials; run any lost one that comes back.
-            wait = 4 * search.settings.timeout_s + 3 * _study.heartbeat_interval(search.study)
-            if (left is None or left > 0) and _shared.settle(search.study, notes, wait):
+        if left is not None and left <= 0:
+            return
+        if _done(search, trials):
+            # Wait for the other workers' trials; run any lost one that comes back. One counted
+            # in flight may end without a measure (pruned, given back): then the study is short.
+            if _settle(search, notes) or not _done(search, trials):
                 continue
             return
         existing = _study.records(search.study)
@@ -553,6 +555,9 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
         if search.queue_neighbours(existing, notes):
             existing = _study.records(search.study)
         if not search.worth_running(existing):
+            # a trial another worker has just asked for (no plan yet) may measure a new best
+            if _settle(search, notes) or search.worth_running(_study.records(search.study)):
+                continue
             measured = sum(1 for r in existing if r.outcome is not None and r.state != "running")
             notes.append(f"stopped after {measured} measured trials: every plan not measured is "
                          "predicted not to fit or to be slower than the best measured beyond the "
@@ -566,6 +571,13 @@ def _run_study(search: _Search, trials: int, budget_s: float | None,
             count = sum(1 for r in all_records if r.outcome is not None and r.role != "unchanged")
             left = None if budget_s is None else budget_s - (time.monotonic() - start)
             progress(Progress(count, trials, ranked[0] if ranked else None, record, left))
+
+
+def _settle(search: _Search, notes: list[str]) -> bool:
+    """Wait for the other workers' running trials, as long as any launch may take
+    (:func:`autotune.search._shared.settle`): ``True`` when a lost one came back to run."""
+    wait = 4 * search.settings.timeout_s + 3 * _study.heartbeat_interval(search.study)
+    return _shared.settle(search.study, notes, wait)
 
 
 def _done(search: _Search, trials: int) -> bool:

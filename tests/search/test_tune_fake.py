@@ -361,6 +361,38 @@ def test_of_two_workers_that_draw_one_plan_the_lower_trial_runs_it(tmp_path: Pat
     assert mine.plan == plan and mine.reason == "same plan as trial 0"
 
 
+def test_a_trial_counted_in_flight_that_ends_unmeasured_is_made_up(tmp_path: Path) -> None:
+    """Another worker's running trial counts towards ``--trials`` while it runs; this worker
+    waits for it at the end, and when it ends without a measure (pruned) measures one plan
+    more, so the study measures ``--trials``. Before stop 61 the worker stopped one short (the
+    baseline queued, never run), and one that stopped while the other went on had no
+    recommendation: a way for a worker of the two PostgreSQL workers' test to end without one,
+    as one did once in stop 60's CI."""
+    import threading
+
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    other = optuna.create_study(storage=url, study_name="autotune", direction="maximize")
+    theirs = other.ask()  # trial 0, running its plan on another worker
+    theirs.set_user_attr("plan", Plan(micro_batch=2).model_dump(mode="json"))
+
+    def other_worker() -> None:
+        time.sleep(2.0)
+        other.tell(theirs, state=optuna.trial.TrialState.PRUNED)
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    runner = FakeRunner(behaviour)
+    policy, baseline = Plan(micro_batch=8, grad_accum=2), Plan(micro_batch=4, grad_accum=4)
+    record = run_tune("model.py", global_batch=16, settings=settings(tmp_path), runner=runner,
+                      policy=policy, baseline=baseline, trials=2, storage=url, repeats=0)  # fmt: skip
+    thread.join()
+    assert runner.plans == [policy, baseline]
+    assert sum(t.outcome == "ok" for t in record.trials) == 2
+    assert record.recommendation is not None
+
+
 def test_a_bf16_policy_without_baseline_still_measures_the_users_fp32_plan(
     tmp_path: Path,
 ) -> None:
