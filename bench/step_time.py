@@ -184,12 +184,18 @@ def tune_profiles(args: argparse.Namespace, model: str, sha: str) -> tuple[Any, 
     """``None``, or with ``--tune-profiles`` tune's own two short profiles at the per-rank batch
     (the profile, and the timed steps after it where there are any): kept beside the
     measurements (by model sha256), else measured now and kept."""
-    from autotune.records import ProfileRecord, TimedSteps
-
     if not getattr(args, "tune_profiles", False):
         return None
     per_rank = max(1, args.global_batch // args.nproc_per_node)
-    path = args.measurements.with_suffix(".tune-profiles.json")
+    return kept_tune_profiles(args.measurements.with_suffix(".tune-profiles.json"), model, sha,
+                              per_rank)  # fmt: skip
+
+
+def kept_tune_profiles(path: Path, model: str, sha: str, per_rank: int) -> tuple[Any, list[Any]]:
+    """Tune's two short profiles of ``model`` (sha256 ``sha``) at ``per_rank``, as kept in
+    ``path``; where it keeps another model's or batch's, taken now and kept there."""
+    from autotune.records import ProfileRecord, TimedSteps
+
     kept = json.loads(path.read_text()) if path.exists() else {}
     if kept.get("model_sha256") != sha or kept.get("per_rank") != per_rank:
         from autotune import compose

@@ -113,7 +113,7 @@ class Grid:
 
 def _load(args: argparse.Namespace) -> tuple[Grid, Any, list[Any]]:
     """The grid's entry for MODEL and tune's two short profiles of it (taken and kept if missing)."""
-    from autotune.records import ProfileRecord, TimedSteps
+    from step_time import kept_tune_profiles
 
     sha = hashlib.sha256(Path(args.model).read_bytes()).hexdigest()
     kept = json.loads(args.grid.read_text())
@@ -123,24 +123,13 @@ def _load(args: argparse.Namespace) -> tuple[Grid, Any, list[Any]]:
         _refuse(f"{args.grid}: no link kept beside the measurements")
     per_rank = args.global_batch // args.nproc_per_node
     path = args.profiles or args.grid.with_suffix(".tune-profiles.json")
-    profiles = json.loads(path.read_text()) if path.exists() else {}
-    if profiles.get("model_sha256") != sha or profiles.get("per_rank") != per_rank:
-        if args.profiles:
+    if args.profiles:
+        profiles = json.loads(path.read_text()) if path.exists() else {}
+        if profiles.get("model_sha256") != sha or profiles.get("per_rank") != per_rank:
             _refuse(f"--profiles {path}: not {args.model}'s at per-rank batch {per_rank}")
-        from autotune import compose
-
-        print(f"tune's short profiles of {Path(args.model).name} at per-rank batch {per_rank} "
-              f"(kept in {path}) ...", flush=True)  # fmt: skip
-        record, timed = compose.short_profiles(args.model, per_rank, "cpu")
-        profiles = {"model_sha256": sha, "per_rank": per_rank,
-                    "profile": record.model_dump(mode="json"),
-                    "timed": timed.model_dump(mode="json") if timed else None}  # fmt: skip
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(profiles, indent=1))
-        partial.replace(path)
-    timed = [TimedSteps.model_validate(profiles["timed"])] if profiles["timed"] else []
-    print(f"grid: {args.grid} ({len(kept[sha]['seconds'])} plans); profiles: {path}")
-    return Grid(kept[sha]), ProfileRecord.model_validate(profiles["profile"]), timed
+    profile, timed = kept_tune_profiles(path, args.model, sha, per_rank)
+    print(f"grid: {args.grid} ({len(kept[sha]['seconds'])} plans)")
+    return Grid(kept[sha]), profile, timed
 
 
 def replay_runner(grid: Grid, budget: int, sigma: float, rng: random.Random) -> Any:
