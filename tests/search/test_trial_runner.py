@@ -327,8 +327,9 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     # link (of the same order of bandwidth), read from the file, none measured again
     known = link.model_copy(update={"engine_costs": [], "engine_costs_file": None,
                                     "latency_s": 0.25})  # fmt: skip
-    told = runner.run(plan, settings.model_copy(update={
-        "measure_peak": False, "engine_costs": ["fsdp2-3-fp32"], "known_link": known})).result  # fmt: skip
+    told = runner.run(plan, settings.model_copy(update={"measure_peak": False,
+                                                        "engine_costs": ["fsdp2-3-fp32"],
+                                                        "known_link": known})).result  # fmt: skip
     assert told is not None and told.link is not None
     assert told.link.model_copy(update={"engine_costs": [], "engine_costs_kept": [],
                                         "engine_costs_file": None}) == known  # fmt: skip

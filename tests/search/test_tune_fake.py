@@ -386,7 +386,8 @@ def test_a_trial_counted_in_flight_that_ends_unmeasured_is_made_up(tmp_path: Pat
     runner = FakeRunner(behaviour)
     policy, baseline = Plan(micro_batch=8, grad_accum=2), Plan(micro_batch=4, grad_accum=4)
     record = run_tune("model.py", global_batch=16, settings=settings(tmp_path), runner=runner,
-                      policy=policy, baseline=baseline, trials=2, storage=url, repeats=0)  # fmt: skip
+                      policy=policy, baseline=baseline, trials=2, storage=url,
+                      repeats=0)  # fmt: skip
     thread.join()
     assert runner.plans == [policy, baseline]
     assert sum(t.outcome == "ok" for t in record.trials) == 2

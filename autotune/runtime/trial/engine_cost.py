@@ -6,8 +6,8 @@ time model counts on the swept link (:mod:`autotune.estimator._engine_cost`).
 They depend on the machine, not the model: a group on one machine keeps them in
 ``$AUTOTUNE_CACHE_DIR/engine-costs`` (default ``~/.cache/autotune``), one file per machine,
 package versions, world size, backend and threads, and its later sweeps on a link of the same
-order of bandwidth measure only the engines the file lacks (about 30 s for the twelve of a 2-rank CPU
-search). Delete the file to measure them anew."""
+order of bandwidth measure only the engines the file lacks (the twelve of a 2-rank CPU search
+take about 30 s). Delete the file to measure them anew."""
 
 from __future__ import annotations
 
@@ -212,10 +212,11 @@ def kept_file(link: LinkMeasure) -> Path | None:
 
     if os.environ.get("LOCAL_WORLD_SIZE") != str(link.world_size):
         return None
+    machine = machine_identity("cuda" if link.backend == "nccl" else "cpu")
     stacks = {key: engine_stacks(key) for key in ("deepspeed-0-fp32", "fsdp2-2-fp32")}
-    key = json.dumps([KEPT_VERSION, sorted(machine_identity("cuda" if link.backend == "nccl" else "cpu").items()),
-                      link.world_size, link.backend, len(os.sched_getaffinity(0)),
-                      torch.get_num_threads(), stacks, STEPS, GRAD_ACCUM])  # fmt: skip
+    key = json.dumps([KEPT_VERSION, sorted(machine.items()), link.world_size, link.backend,
+                      len(os.sched_getaffinity(0)), torch.get_num_threads(), stacks, STEPS,
+                      GRAD_ACCUM])  # fmt: skip
     name = hashlib.sha256(key.encode()).hexdigest()[:32]
     return cache_dir() / "engine-costs" / f"{name}.json"
 
