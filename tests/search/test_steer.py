@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _search import run_tune
 
 from autotune.records import Plan
@@ -251,3 +252,46 @@ def test_with_several_ranks_the_front_waits_for_the_link_the_first_trial_sweeps(
     fastest = min(space.all_plans(), key=shared_host_seconds)
     assert record.recommendation is not None
     assert shared_host_seconds(record.recommendation.plan) == shared_host_seconds(fastest)
+
+
+def test_a_worker_that_stops_on_the_predictions_waits_for_another_workers_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every plan left is predicted slower, but at that moment another worker has just asked for
+    a trial (running, no plan yet). The worker waits for it, looks again, then stops, and runs
+    the final comparison itself: it recommends. Before stop 61 it stopped at once, left the
+    comparison to the worker still running, and recommended nothing."""
+    import threading
+    import time
+
+    import optuna
+
+    from autotune.search._tune import _Search
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    threads: list[threading.Thread] = []
+    worth = _Search.worth_running
+
+    def worth_running(search: Any, records: list[TrialRecord]) -> bool:
+        found = worth(search, records)
+        if not found and not threads:  # the first time the search would stop
+            other = optuna.load_study(study_name="autotune", storage=url)
+            theirs = other.ask()
+
+            def finish() -> None:
+                time.sleep(1.0)
+                theirs.set_user_attr(
+                    "plan", Plan(micro_batch=16, nproc_per_node=2).model_dump(mode="json")
+                )
+                other.tell(theirs, state=optuna.trial.TrialState.PRUNED)
+
+            threads.append(threading.Thread(target=finish))
+            threads[0].start()
+        return found
+
+    monkeypatch.setattr(_Search, "worth_running", worth_running)
+    record = _tune(tmp_path, FakeRunner(behaviour), trials=30)  # its study in tmp_path/s.db
+    threads[0].join()
+    assert any(note.startswith("stopped after") for note in record.notes)
+    assert not any("still running on other workers" in note for note in record.notes)
+    assert record.recommendation is not None
