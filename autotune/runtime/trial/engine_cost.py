@@ -244,11 +244,9 @@ def _read_kept(path: Path | None, link: LinkMeasure) -> dict[str, EngineCost]:
 
 def _kept(path: Path | None, link: LinkMeasure) -> dict[str, EngineCost]:
     """Rank 0's kept costs, on every rank: all then measure the same engines."""
-    held = [json.dumps([c.model_dump(mode="json") for c in _read_kept(path, link).values()])
-            if dist.get_rank() == 0 else None]  # fmt: skip
+    held = [_read_kept(path, link) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(held, src=0)
-    costs = map(EngineCost.model_validate, json.loads(held[0] or "[]"))
-    return {cost.engine: cost for cost in costs}
+    return held[0] or {}
 
 
 def _keep(path: Path, link: LinkMeasure, costs: dict[str, EngineCost]) -> None:
