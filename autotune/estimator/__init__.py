@@ -47,6 +47,7 @@ from autotune.estimator._device_flops import (
 )
 from autotune.estimator._engine_cost import (
     STACK_WIDTH,
+    WIDE_WIDTHS,
     EngineStack,
     engine_key,
     engine_keys,
@@ -56,6 +57,7 @@ from autotune.estimator._engine_cost import (
     stack_communication,
     stack_optimizer_scale,
     stack_plan,
+    wide_width,
 )
 from autotune.estimator._estimator import (
     STEP_SECONDS_BAND,
@@ -101,6 +103,7 @@ __all__ = [
     "step_calls",
     "step_communication",
     "STACK_WIDTH",
+    "WIDE_WIDTHS",
     "EngineStack",
     "engine_key",
     "engine_keys",
@@ -110,6 +113,7 @@ __all__ = [
     "stack_communication",
     "stack_optimizer_scale",
     "stack_plan",
+    "wide_width",
     "BF16_RATIO_FIGURE",
     "FACT_OF_FIGURE",
     "HFU_FIGURE",

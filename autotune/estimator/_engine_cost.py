@@ -10,8 +10,8 @@ fitted as ``fixed + per_tensor * tensors + per_element * elements (+ per_module 
 modules)``, each slope at 0 or above. DeepSpeed's hooks are per parameter tensor: two stacks of
 one-matrix blocks of :data:`STACK_WIDTH`, 4 and 16 deep. Its copies, bucketing and
 accumulation of the gradients are per element, and past the CPU's caches they cost several
-times what they do inside them: a third stack of :data:`WIDE_WIDTH`-wide matrices, more bytes
-than a last-level cache holds, times them. FSDP2's hooks are per sharded module (each block,
+times what they do inside them: a third stack, of two matrices as wide as the model's parameters
+need (:func:`wide_width`), times them where the model's own bytes sit. FSDP2's hooks are per sharded module (each block,
 and the root) and per tensor (its copies and its DTensor optimizer step): a stack of 4 blocks of
 8 matrices tells the two apart. Pure: no torch.
 """
@@ -27,24 +27,24 @@ from autotune.records import EngineCost, LinkMeasure, Plan
 STACK_WIDTH = 8
 """The narrow stacks' matrices: ``STACK_WIDTH`` x ``STACK_WIDTH``, bias-free, so compute and
 bytes are negligible and the engine's work per tensor is what is left."""
-WIDE_WIDTH = 2048
-"""The wide stack's matrices: 2 of ``WIDE_WIDTH`` x ``WIDE_WIDTH``, 8.4M elements, 34 MB in
-fp32 (each of the weights, the gradients and the engine's buffers): more than the 32 MiB
+WIDE_WIDTHS = (1024, 2048)
+"""The wide stack's widths, narrowest first. Two matrices of 2048 x 2048 (8.4M elements, 34 MB
+in fp32 each of the weights, the gradients and the engine's buffers) are more than the 32 MiB
 last-level cache of the CPUs this was built on, so the engine's work per element is timed
-streaming from memory, as a real model's is."""
+streaming from memory, as a large model's is (ZeRO-3 at fp32 on one such matrix, 17 MB, came
+1.9-2.5 ns an element a micro-batch against 6.3-7.8 on two; three calibrations each, stop 62).
+Two of 1024 x 1024 (2.1M, 8.4 MB) time a model of that many parameters or fewer, whose bytes a
+cache holds as it holds theirs, in half the time: the twelve engines of a 2-rank CPU search in
+12.5 s against 26 s."""
 
 EngineStack = tuple[int, int, int]
 """(blocks, matrices per block, matrix width) of a calibration stack."""
 
-DEEPSPEED_STACKS: tuple[EngineStack, ...] = (
-    (4, 1, STACK_WIDTH),
-    (16, 1, STACK_WIDTH),
-    (2, 1, WIDE_WIDTH),
-)
-"""The stacks DeepSpeed runs: its cost per tensor shows between the first two (ZeRO-3: ~0.4 ms a
-tensor a micro-batch on a 2-core CPU), its cost per element in the third."""
-FSDP2_STACKS: tuple[EngineStack, ...] = (*DEEPSPEED_STACKS, (4, 8, STACK_WIDTH))
-"""... and FSDP2's: the fourth has the first's modules and the second's tensors twice over."""
+NARROW_STACKS: tuple[EngineStack, ...] = ((4, 1, STACK_WIDTH), (16, 1, STACK_WIDTH))
+"""The stacks an engine's cost per tensor shows between (ZeRO-3: ~0.4 ms a tensor a micro-batch
+on a 2-core CPU); the wide stack after them times its cost per element."""
+FSDP2_MODULES_STACK: EngineStack = (4, 8, STACK_WIDTH)
+"""FSDP2's fourth stack: the first's modules and the second's tensors twice over."""
 
 
 def engine_key(plan: Plan) -> str | None:
@@ -67,9 +67,18 @@ def engine_keys(plans: Sequence[Plan]) -> list[str]:
     return list(dict.fromkeys(key for key in map(engine_key, plans) if key is not None))
 
 
-def engine_stacks(key: str) -> tuple[EngineStack, ...]:
-    """The (blocks, matrices per block, width) stacks the calibration runs the engine ``key`` on."""
-    return FSDP2_STACKS if key.startswith("fsdp2") else DEEPSPEED_STACKS
+def wide_width(parameters: int | None) -> int:
+    """The wide stack's width for a model of ``parameters``: the narrowest of
+    :data:`WIDE_WIDTHS` whose two matrices hold as many elements, else (or unknown) the widest."""
+    fits = [w for w in WIDE_WIDTHS if parameters is not None and 2 * w * w >= parameters]
+    return fits[0] if fits else WIDE_WIDTHS[-1]
+
+
+def engine_stacks(key: str, width: int = WIDE_WIDTHS[-1]) -> tuple[EngineStack, ...]:
+    """The (blocks, matrices per block, width) stacks the calibration runs the engine ``key`` on,
+    its wide stack of two ``width``-wide matrices (:func:`wide_width`)."""
+    stacks = (*NARROW_STACKS, (2, 1, width))
+    return (*stacks, FSDP2_MODULES_STACK) if key.startswith("fsdp2") else stacks
 
 
 def sharded_modules(key: str, blocks: int) -> int:

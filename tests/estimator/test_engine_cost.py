@@ -10,11 +10,13 @@ from autotune.estimator import (
     engine_key,
     engine_keys,
     engine_seconds,
+    engine_stacks,
     estimate_plan,
     facts_from_profile,
     fit_engine_cost,
     link_measure,
     stack_communication,
+    wide_width,
 )
 from autotune.records import EngineCost, LinkMeasure, LinkPoint, Machine, parse_plan
 from tests._profiles import synthetic_profile
@@ -189,3 +191,17 @@ def test_the_estimate_adds_the_engines_cost_to_the_predicted_seconds() -> None:
     plain = estimate_plan(unknown, plan, machine=Machine(nproc_per_node=2, link=_link([measured])))
     assert plain.predicted_step_seconds == pytest.approx(without.predicted_step_seconds)
     assert any("parameter tensors are not known" in n for n in plain.notes)
+
+
+WIDTHS = [(739_456, 1024), (2 * 1024**2, 1024), (2 * 1024**2 + 1, 2048), (123_849_984, 2048),
+          (None, 2048)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("parameters", "width"), WIDTHS)
+def test_the_wide_stack_holds_the_models_parameters(parameters: int | None, width: int) -> None:
+    # tiny GPT's 739,456 parameters fit two 1024x1024 matrices; one more than they hold, GPT-2
+    # small, or a model of unknown size get two 2048x2048 (past a 32 MiB cache in fp32)
+    assert wide_width(parameters) == width
+    assert engine_stacks("deepspeed-2-fp32", width) == ((4, 1, 8), (16, 1, 8), (2, 1, width))
+    assert engine_stacks("fsdp2-3-bf16", width) == (
+        (4, 1, 8), (16, 1, 8), (2, 1, width), (4, 8, 8))  # fmt: skip

@@ -61,6 +61,7 @@ def test_what_the_costs_depend_on_names_another_file(
 ) -> None:
     path = kept_file(_link())
     assert kept_file(_link(backend="mpi")) != path
+    assert kept_file(_link(), width=1024) != path  # a smaller model's wide stack
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:

@@ -95,7 +95,7 @@ def deepspeed_trial(spec: WorkerSpec, steps: Steps) -> dict[str, Any]:
     batches.close()
     _forget(engine)
     return {"split": None, "tokens": tokens, "device": device, "engine": "deepspeed",
-            "live": live, "cuda": cuda}  # fmt: skip
+            "live": live, "cuda": cuda, "parameters": parameters}  # fmt: skip
 
 
 def _forget(engine: Any) -> None:

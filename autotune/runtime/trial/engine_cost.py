@@ -3,11 +3,12 @@ DeepSpeed's or FSDP2's, on stacks of square matrices (``autotune.estimator.engin
 the stack's own compute and optimizer step (timed here in plain torch) and the collectives the
 time model counts on the swept link (:mod:`autotune.estimator._engine_cost`).
 
-They depend on the machine, not the model: a group on one machine keeps them in
-``$AUTOTUNE_CACHE_DIR/engine-costs`` (default ``~/.cache/autotune``), one file per machine,
-package versions, world size, backend and threads, and its later sweeps on a link of the same
-order of bandwidth measure only the engines the file lacks (the twelve of a 2-rank CPU search
-take about 30 s). Delete the file to measure them anew."""
+They depend on the machine, and on the model only through its size (the wide stack's width):
+a group on one machine keeps them in ``$AUTOTUNE_CACHE_DIR/engine-costs`` (default
+``~/.cache/autotune``), one file per machine, package versions, world size, backend, threads
+and width, and its later sweeps on a link of the same order of bandwidth measure only the
+engines the file lacks (the twelve of a 2-rank CPU search take about 26 s, or 12.5 s for a model
+of up to 2.1M parameters). Delete the file to measure them anew."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from autotune.estimator import (
     fit_engine_cost,
     stack_communication,
     stack_optimizer_scale,
+    wide_width,
 )
 from autotune.estimator import stack_plan as _stack_plan
 from autotune.records import AutotuneError, EngineCost, LinkMeasure, atomic_write_text
@@ -168,10 +170,11 @@ def _fsdp2(key: str, stack: EngineStack, steps: int) -> tuple[float, float]:
     return _phases(micro, steps)
 
 
-def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[EngineCost]:
+def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS,
+            width: int = wide_width(None)) -> list[EngineCost]:  # fmt: skip
     """Each engine's own cost on these ranks (every rank must call this with the same keys).
 
-    On each of the engine's stacks: its micro-batch and boundary (:func:`_phases`), less the
+    On each of the engine's stacks (its wide one ``width`` wide): its micro-batch and boundary (:func:`_phases`), less the
     plain stack's (timed once per stack and dtype, whichever engines share it; its optimizer
     step scaled to the rank's shard, as the time model counts it) and less the collectives the
     time model counts for the stack on ``link``; then :func:`autotune.estimator.fit_engine_cost`
@@ -184,7 +187,7 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
             _fsdp2 if key.startswith("fsdp2") else _deepspeed
         )
         dtype = torch.bfloat16 if key.endswith("bf16") else torch.float32
-        stacks = engine_stacks(key)
+        stacks = engine_stacks(key, width)
         micro, boundary = [], []
         for stack in stacks:
             torch.manual_seed(0)
@@ -200,20 +203,20 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS) -> list[
     return costs
 
 
-def kept_file(link: LinkMeasure) -> Path | None:
+def kept_file(link: LinkMeasure, width: int = wide_width(None)) -> Path | None:
     """The file this machine keeps the engines' costs in for a group like this one (``None``
     for a group over several machines: their costs are measured by every sweep). Its name is a
-    hash of what they depend on but the model and the link: the machine and package versions
+    hash of what they depend on but the link: the machine and package versions
     (:func:`autotune.runtime.identity.machine_identity`), the group's world size and backend,
-    the CPUs and threads a rank has, the calibration's stacks and steps. The link is in the file
-    (:func:`_read_kept`)."""
+    the CPUs and threads a rank has, the calibration's stacks (the wide one ``width`` wide, as
+    the model's size chose it) and steps. The link is in the file (:func:`_read_kept`)."""
     from autotune.runtime.identity import machine_identity
     from autotune.runtime.trace_cache import cache_dir
 
     if os.environ.get("LOCAL_WORLD_SIZE") != str(link.world_size):
         return None
     machine = machine_identity("cuda" if link.backend == "nccl" else "cpu")
-    stacks = {key: engine_stacks(key) for key in ("deepspeed-0-fp32", "fsdp2-2-fp32")}
+    stacks = {key: engine_stacks(key, width) for key in ("deepspeed-0-fp32", "fsdp2-2-fp32")}
     key = json.dumps([KEPT_VERSION, sorted(machine.items()), link.world_size, link.backend,
                       len(os.sched_getaffinity(0)), torch.get_num_threads(), stacks, STEPS,
                       GRAD_ACCUM])  # fmt: skip
@@ -263,17 +266,21 @@ def _keep(path: Path, link: LinkMeasure, costs: dict[str, EngineCost]) -> None:
               "them again", file=sys.stderr, flush=True)  # fmt: skip
 
 
-def with_engine_costs(link: LinkMeasure, keys: Sequence[str]) -> LinkMeasure:
-    """``link`` with the costs of ``keys``: those this machine keeps (:func:`kept_file`), the
-    rest measured (:func:`measure`) and kept; unchanged without keys, or where the measuring
-    fails (a line says why: the trial's result stands without them)."""
+def with_engine_costs(
+    link: LinkMeasure, keys: Sequence[str], parameters: int | None = None
+) -> LinkMeasure:
+    """``link`` with the costs of ``keys`` for a model of ``parameters`` (the wide stack's
+    width: :func:`autotune.estimator.wide_width`): those this machine keeps
+    (:func:`kept_file`), the rest measured (:func:`measure`) and kept; unchanged without keys,
+    or where the measuring fails (a line says why: the trial's result stands without them)."""
     if not keys:
         return link
     try:
-        path = kept_file(link)
+        width = wide_width(parameters)
+        path = kept_file(link, width)
         kept = _kept(path, link)
         missing = [key for key in keys if key not in kept]
-        measured = {cost.engine: cost for cost in measure(missing, link)}
+        measured = {cost.engine: cost for cost in measure(missing, link, width=width)}
         if measured and path is not None and dist.get_rank() == 0:
             _keep(path, link, {**kept, **measured})
         return link.model_copy(update={

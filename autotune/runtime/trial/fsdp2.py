@@ -124,6 +124,7 @@ def fsdp2_trial(
     torch.manual_seed(settings.seed)
     model = model_file.build_model().to(device)
     apply_checkpointing(model, plan.checkpoint_blocks)
+    parameters = sum(p.numel() for p in model.parameters())
     apply_fsdp2(model, plan, device.type)
     optimizer = model_file.build_optimizer([p for p in model.parameters() if p.requires_grad])
     batches = model_file.batches(plan.micro_batch, workers=plan.dataloader_workers or None)
@@ -147,4 +148,4 @@ def fsdp2_trial(
     if live is None and cuda is None:  # no warm-up step tracked; a GPU's allocator gave it
         live = live_peak(device, step)
     return {"split": None, "tokens": model_file.tokens_per_sample(last[0]), "device": device,
-            "engine": "fsdp2", "live": live, "cuda": cuda}  # fmt: skip
+            "engine": "fsdp2", "live": live, "cuda": cuda, "parameters": parameters}  # fmt: skip

@@ -116,7 +116,7 @@ def run_trial(
 
     link = (settings.known_link or trial_link()) if settings.sweep_link else None
     if link is not None:  # the engines' own costs, against the link the time model will use
-        link = with_engine_costs(link, settings.engine_costs)
+        link = with_engine_costs(link, settings.engine_costs, info.get("parameters"))
     peaks = _peaks(info, watch, settings.measure_peak)
     step_time = statistics.median(steps.times)
     samples = plan.global_batch / step_time
