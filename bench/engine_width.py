@@ -150,8 +150,9 @@ def main() -> int:
         for key in KEYS:
             cells = []
             for width in widths:
-                values = [cost["micro_per_element_s"] * 1e9 for run in runs
-                          if run["width"] == width for cost in run["costs"] if cost["engine"] == key]  # fmt: skip
+                values = [cost["micro_per_element_s"] * 1e9
+                          for run in runs if run["width"] == width
+                          for cost in run["costs"] if cost["engine"] == key]  # fmt: skip
                 cells.append(f"{statistics.median(values):.2f}")
             print(f"| {key} | " + " | ".join(cells) + " |")
         print(f"\nload average {'/'.join(f'{x:.1f}' for x in os.getloadavg())} at the end")

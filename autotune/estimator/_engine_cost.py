@@ -10,10 +10,10 @@ fitted as ``fixed + per_tensor * tensors + per_element * elements (+ per_module 
 modules)``, each slope at 0 or above. DeepSpeed's hooks are per parameter tensor: two stacks of
 one-matrix blocks of :data:`STACK_WIDTH`, 4 and 16 deep. Its copies, bucketing and
 accumulation of the gradients are per element, and past the CPU's caches they cost several
-times what they do inside them: a third stack, of two matrices as wide as the model's parameters
-need (:func:`wide_width`), times them where the model's own bytes sit. FSDP2's hooks are per sharded module (each block,
-and the root) and per tensor (its copies and its DTensor optimizer step): a stack of 4 blocks of
-8 matrices tells the two apart. Pure: no torch.
+times what they do inside them: a third stack, of two matrices as wide as the model's
+parameters need (:func:`wide_width`), times them where the model's own bytes sit. FSDP2's hooks
+are per sharded module (each block, and the root) and per tensor (its copies and its DTensor
+optimizer step): a stack of 4 blocks of 8 matrices tells the two apart. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ streaming from memory, as a large model's is (ZeRO-3 at fp32 on one such matrix,
 1.9-2.5 ns an element a micro-batch against 6.3-7.8 on two; three calibrations each, stop 62).
 Two of 1024 x 1024 (2.1M, 8.4 MB) time a model of that many parameters or fewer, whose bytes a
 cache holds as it holds theirs, in half the time: the twelve engines of a 2-rank CPU search in
-12.5 s against 26 s."""
+13 s against 26 s (bench/engine_width.py)."""
 
 EngineStack = tuple[int, int, int]
 """(blocks, matrices per block, matrix width) of a calibration stack."""

@@ -7,7 +7,7 @@ They depend on the machine, and on the model only through its size (the wide sta
 a group on one machine keeps them in ``$AUTOTUNE_CACHE_DIR/engine-costs`` (default
 ``~/.cache/autotune``), one file per machine, package versions, world size, backend, threads
 and width, and its later sweeps on a link of the same order of bandwidth measure only the
-engines the file lacks (the twelve of a 2-rank CPU search take about 26 s, or 12.5 s for a model
+engines the file lacks (the twelve of a 2-rank CPU search take about 26 s, or 13 s for a model
 of up to 2.1M parameters). Delete the file to measure them anew."""
 
 from __future__ import annotations
@@ -174,11 +174,11 @@ def measure(keys: Sequence[str], link: LinkMeasure, steps: int = STEPS,
             width: int = wide_width(None)) -> list[EngineCost]:  # fmt: skip
     """Each engine's own cost on these ranks (every rank must call this with the same keys).
 
-    On each of the engine's stacks (its wide one ``width`` wide): its micro-batch and boundary (:func:`_phases`), less the
-    plain stack's (timed once per stack and dtype, whichever engines share it; its optimizer
-    step scaled to the rank's shard, as the time model counts it) and less the collectives the
-    time model counts for the stack on ``link``; then :func:`autotune.estimator.fit_engine_cost`
-    over the stacks.
+    On each of the engine's stacks (its wide one ``width`` wide): its micro-batch and boundary
+    (:func:`_phases`), less the plain stack's (timed once per stack and dtype, whichever engines
+    share it; its optimizer step scaled to the rank's shard, as the time model counts it) and
+    less the collectives the time model counts for the stack on ``link``; then
+    :func:`autotune.estimator.fit_engine_cost` over the stacks.
     """
     costs = []
     plains: dict[tuple[EngineStack, torch.dtype], tuple[float, float]] = {}
