@@ -326,13 +326,15 @@ def test_two_rank_zero2_trial_on_cpu(model: str, tmp_path: Path) -> None:
     assert again.link is None and again.peak_memory_bytes == [] and again.peak_source is None
     # a link known already (a bench's, kept with its measurements): the ranks sweep nothing new,
     # and the link they report is that one, with the engines' costs this machine kept for such a
-    # link (of the same order of bandwidth), read from the file, none measured again
+    # link (of the same order of bandwidth), read from the file, none measured again; an FSDP2
+    # trial this time, whose model's size picks the same width, so the same file
     known = link.model_copy(update={"engine_costs": [], "engine_costs_file": None,
                                     "latency_s": 0.25})  # fmt: skip
-    told = runner.run(plan, settings.model_copy(update={"measure_peak": False,
-                                                        "engine_costs": ["fsdp2-3-fp32"],
-                                                        "known_link": known})).result  # fmt: skip
-    assert told is not None and told.link is not None
+    fsdp2 = plan.with_changes(engine="fsdp2")
+    told = runner.run(fsdp2, settings.model_copy(update={"measure_peak": False,
+                                                         "engine_costs": ["fsdp2-3-fp32"],
+                                                         "known_link": known})).result  # fmt: skip
+    assert told is not None and told.engine == "fsdp2" and told.link is not None
     assert told.link.model_copy(update={"engine_costs": [], "engine_costs_kept": [],
                                         "engine_costs_file": None}) == known  # fmt: skip
     assert told.link.engine_costs == [link.engine_costs[1]]
