@@ -47,7 +47,9 @@ def _ranks(out: Path, rounds: int) -> None:
     from autotune.estimator import WIDE_WIDTHS
     from autotune.runtime.link import trial_link
     from autotune.runtime.trial.engine_cost import measure
+    from autotune.runtime.trial.lifeline import die_with_parent
 
+    die_with_parent()  # with torchrun (zero_peaks._run_ranks)
     dist.init_process_group("gloo")
     link = None
     for _ in range(3):  # a noisy sweep of the fast loopback may not fit: sweep again
@@ -104,21 +106,17 @@ def main() -> int:
     if args.rounds < 1:
         print(f"autotune: --rounds: must be >= 1 (got {args.rounds})", file=sys.stderr)
         return 2
+    from zero_peaks import _run_ranks  # a rank job in a process group of its own, ended whole
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "costs.json"
         job = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", f"--log-dir={Path(tmp) / 'torchrun'}", __file__,
-               "--rounds", str(args.rounds), "--rank-job", str(out)]  # fmt: skip
+               "--nproc-per-node", "2", f"--log-dir={Path(tmp) / 'torchrun'}",
+               str(Path(__file__).resolve()), "--rounds", str(args.rounds),
+               "--rank-job", str(out)]  # fmt: skip
         print(f"calibrating {len(KEYS)} engines on 2 ranks, {args.rounds} round(s) of each width "
               f"(gives up after {args.timeout} s) ...", flush=True)  # fmt: skip
-        try:
-            done = subprocess.run(job, cwd=REPO, timeout=args.timeout, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            print(f"autotune: the rank job ran past --timeout {args.timeout} s", file=sys.stderr)
-            return 1
-        if done.returncode or not out.exists():
-            print(done.stderr[-2000:], file=sys.stderr)
+        if not _run_ranks(job, args.timeout, stdout=None) or not out.exists():
             return 1
         measured = json.loads(out.read_text())
         runs = measured["runs"]

@@ -163,14 +163,23 @@ gloo torn down) ended: seen in about 1 run in 3 of the FSDP2 jobs on an AVX-512 
 profiled steps; a failure of the instrument, not of the plan, so the job is run again."""
 
 
-def _run_ranks(command: list[str], timeout: float) -> bool:
+def _run_ranks(command: list[str], timeout: float, stdout: int | None = subprocess.DEVNULL) -> bool:
     """Run one rank job; rerun it where the instrument, not the plan, aborted. True if it ran.
 
-    The job runs in a process group of its own, ended whole at the timeout or on an interrupt.
+    The job runs in a process group of its own, ended whole at the timeout or on an interrupt,
+    and through autotune's lifeline, as a trial's launch: torchrun dies with this process, and
+    each rank that calls ``die_with_parent`` first dies with torchrun (torchrun starts every rank
+    in a session of its own, out of reach of the group's kill). Its standard output goes to
+    ``stdout`` (``None``: this process's).
     """
+    from autotune.runtime.trial.entry_points import ENTRY_POINTS
+    from autotune.runtime.trial.lifeline import ENV
+
+    guarded = [sys.executable, "-m", ENTRY_POINTS.lifeline, *command]
+    env = {**os.environ, ENV: str(os.getpid())}
     for attempt in range(_INSTRUMENT_ABORTS + 1):
-        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(guarded, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)  # fmt: skip
         try:
             _, stderr = job.communicate(timeout=timeout)
         except BaseException:
@@ -408,6 +417,9 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
         from _zero_rank import rank_main
 
+        from autotune.runtime.trial.lifeline import die_with_parent
+
+        die_with_parent()  # with torchrun (_run_ranks)
         rank_main(sys.argv[2], sys.argv[3])
     else:
         main()
