@@ -195,17 +195,18 @@ def _measure_cuda(step: Any, before: int) -> dict[str, Any]:
 
 def rank_main(job_path: str, out_path: str) -> None:
     """One rank: every plan of the job in turn; rank 0 writes every rank's figures."""
-    import deepspeed
     import torch
     import torch.distributed as dist
 
     from autotune.records import Plan
+    from autotune.runtime.extensions import trial_deepspeed
     from autotune.runtime.modelfile import load_model_file
     from autotune.runtime.trial.steps import leave_ranks
 
     job = json.loads(Path(job_path).read_text())
     device = job.get("device", "cpu")
     model_file = load_model_file(job["model"])
+    deepspeed = trial_deepspeed()  # as a trial: no shared-memory comm op built (or its lock)
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if device == "cuda":

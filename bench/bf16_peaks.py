@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from _model_source import add_model_arguments, model_path
+from zero_peaks import _run_ranks
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 MIB = 2**20
+_DEADLINE_S = 3600
+"""Seconds one plan's rank job may take before it is ended, ranks and all."""
 _WARMUP = 3
 _MASTER = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat",
            "fp32_groups_flat_partition")  # fmt: skip
@@ -78,9 +80,9 @@ def rank_main(job_path: str, out_path: str) -> None:
     if plan.engine == "fsdp2":
         dist.init_process_group("gloo")
     else:
-        import deepspeed
+        from autotune.runtime.extensions import trial_deepspeed
 
-        deepspeed.init_distributed(dist_backend="gloo")
+        trial_deepspeed().init_distributed(dist_backend="gloo")  # no shared-memory comm op built
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = model_file.build_model()
@@ -199,10 +201,8 @@ def _measure(model: str, plan: Any, nproc: int, work: Path) -> list[dict[str, An
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", f"--log-dir={work / 'torchrun'}", __file__,
                "--rank-worker", str(job), str(out)]  # fmt: skip
-    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          timeout=3600, check=False)  # fmt: skip
-    if done.returncode:
-        raise SystemExit(f"{plan.describe()}: rank job failed\n{done.stderr[-3000:]}")
+    if not _run_ranks(command, _DEADLINE_S) or not out.exists():
+        raise SystemExit(f"{plan.describe()}: rank job failed (its error above)")
     return json.loads(out.read_text())
 
 
@@ -269,6 +269,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
+        from autotune.runtime.trial.lifeline import die_with_parent
+
+        die_with_parent()  # with torchrun (zero_peaks._run_ranks)
         rank_main(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,19 +35,19 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def _rank(job_path: str, out_path: str) -> None:
     """One rank: each plan trained from the same seed; rank 0 writes losses and host parts."""
-    import deepspeed
     import torch
     import torch.distributed as dist
     from _ds_two_rank import offloaded_bytes
     from _zero_rank import _engine
 
     from autotune.records import Plan
+    from autotune.runtime.extensions import trial_deepspeed
     from autotune.runtime.modelfile import load_model_file
     from autotune.runtime.trial.steps import leave_ranks
 
     job = json.loads(Path(job_path).read_text())
     model_file = load_model_file(job["model"])
-    deepspeed.init_distributed(dist_backend="gloo")
+    trial_deepspeed().init_distributed(dist_backend="gloo")  # no shared-memory comm op built
     world = dist.get_world_size()
     results = {}
     for text in job["plans"]:
@@ -73,6 +72,8 @@ def _rank(job_path: str, out_path: str) -> None:
 
 
 def _run_ranks(model: str, plans: list[Any], nproc: int, steps: int, timeout: float) -> dict:
+    from zero_peaks import _run_ranks as _ranks_ran  # ended whole at the deadline or an interrupt
+
     with tempfile.TemporaryDirectory(prefix="offload-host-") as directory:
         job, out = Path(directory) / "job.json", Path(directory) / "out.json"
         job.write_text(json.dumps({"model": model, "steps": steps,
@@ -82,9 +83,8 @@ def _run_ranks(model: str, plans: list[Any], nproc: int, steps: int, timeout: fl
                    __file__, "--rank-worker", str(job), str(out)]  # fmt: skip
         print(f"waiting for {nproc} ranks to train {len(plans)} plans (deadline {timeout:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            sys.exit(f"offload_host: the rank job failed:\n{done.stderr[-3000:]}")
+        if not _ranks_ran(command, timeout) or not out.exists():
+            sys.exit("offload_host: the rank job failed (its error above)")
         return json.loads(out.read_text())
 
 
@@ -139,6 +139,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--rank-worker":
+        from autotune.runtime.trial.lifeline import die_with_parent
+
+        die_with_parent()  # with torchrun (zero_peaks._run_ranks)
         _rank(sys.argv[2], sys.argv[3])
     else:
         main()

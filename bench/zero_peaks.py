@@ -170,13 +170,17 @@ def _run_ranks(command: list[str], timeout: float, stdout: int | None = subproce
     and through autotune's lifeline, as a trial's launch: torchrun dies with this process, and
     each rank that calls ``die_with_parent`` first dies with torchrun (torchrun starts every rank
     in a session of its own, out of reach of the group's kill). Its standard output goes to
-    ``stdout`` (``None``: this process's).
+    ``stdout`` (``None``: this process's). A build lock that a killed job left in the extensions
+    folder is removed first, with a line that says so (a DeepSpeed start would wait on it
+    silently, forever).
     """
+    from autotune.runtime.extensions import recover_build_locks
     from autotune.runtime.trial.entry_points import ENTRY_POINTS
     from autotune.runtime.trial.lifeline import ENV
 
     guarded = [sys.executable, "-m", ENTRY_POINTS.lifeline, *command]
     env = {**os.environ, ENV: str(os.getpid())}
+    recover_build_locks(env)  # a rank job killed mid-build (its CPU Adam) left one: say, clear
     for attempt in range(_INSTRUMENT_ABORTS + 1):
         job = subprocess.Popen(guarded, stdout=stdout, stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)  # fmt: skip
