@@ -165,8 +165,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--profile", type=Path, help="a saved ProfileRecord JSON (default: measure)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per trial")
     parser.add_argument("--dry-run", action="store_true", help="print the plans to run, run none")
-    # step_time reads --plans (here the grid is all) and --relink (here a kept link stays kept)
-    parser.set_defaults(plans=[], relink=False)
+    # step_time reads --plans (here the grid is all), --relink (here a kept link stays kept) and
+    # the trials' timing (here a step or two is seconds, and a fresh grid keeps the kept one's)
+    parser.set_defaults(plans=[], relink=False, warmup=1, steps=2)
     args = parser.parse_args()
     check_arguments(args)
     from autotune.records import AutotuneError, parse_bytes

@@ -4,7 +4,7 @@ Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/step_time.py MODEL --nproc-per-n
            --global-batch 8 --profile-batch 1 --measurements FILE [--rounds 2] [--profile PROFILE] \\
            [--grid "engines=zero0,zero1,zero2,zero3,fsdp2-2,fsdp2-3 precision=fp32,bf16 \\
                     ckpt=none,partial,full ga=1,4"] [--plans PLAN ...] [--tune-profiles] \\
-           [--print-only | --relink]
+           [--warmup 2] [--steps 3] [--print-only | --relink]
 
 Predicted: ``estimate(plan).predicted_step_seconds`` of one profile (``--profile``, else FILE's
 ``.profile.json``, measured once); with ``--tune-profiles`` instead of tune's own two short
@@ -13,7 +13,8 @@ timed steps on the first's model; FILE's ``.tune-profiles.json``, measured once)
 split into a fixed part per micro-batch and a part per sample from the two; on the link the
 trials' ranks swept (as tune relinks). Measured:
 each plan ``--rounds`` times in one live worker group, round r in an order rotated by r; a trial's
-median seconds per step (2 after 1 warm-up). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
+median seconds per step (``--steps`` after ``--warmup`` untimed: :data:`STEADY`, where FILE
+keeps no timing of its own for the model). The grid is ``zero_peaks.grid_plans``'s plus ``zero0``;
 without ``mb=``, mb = global batch / ranks / ga. FILE keeps each ok round's seconds and peak and
 the first link, by model sha256 and plan JSON, written after every trial (the link also keeps each
 engine's own cost, which the ranks measure after one trial where FILE's link lacks it, against
@@ -43,6 +44,13 @@ from zero_peaks import ENGINES, REPO, grid_plans
 
 ENGINES.setdefault("zero0", "stage=0")  # grid_plans reads the table when called
 MB_KEYS = ("mb", "micro_batch", "micro_batch_size")
+STEADY = {"warmup": 2, "steps": 3}
+"""A trial's untimed and timed steps, by default. DeepSpeed's ZeRO-3 often takes a slow second
+step, which a median of two steps after one averages in: at micro-batch 4 on tiny GPT and tiny
+Llama that reading came 2-53 % over the median of steps 4-12, 3 after 2 within -8 to +16 %
+(bench/settle_steps.py, 4 repeats each). The time model predicts the settled step."""
+BEFORE_STEADY = {"warmup": 1, "steps": 2}
+"""How a kept entry that names no timing was measured (every file kept before stop 63)."""
 
 
 def _refuse(message: str) -> NoReturn:
@@ -70,6 +78,12 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--measurements", type=Path, required=True, help="JSON file, kept and reused")  # fmt: skip
     parser.add_argument("--profile", type=Path, help="a saved ProfileRecord JSON (default: measure)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per trial")
+    parser.add_argument("--warmup", type=int,
+                        help=f"untimed steps per trial (default {STEADY['warmup']}; a kept file "
+                        "keeps its own)")  # fmt: skip
+    parser.add_argument("--steps", type=int,
+                        help=f"timed steps per trial, their median kept (default "
+                        f"{STEADY['steps']}; a kept file keeps its own)")  # fmt: skip
     parser.add_argument("--relink", action="store_true",
                         help="sweep the link anew and measure the engines' costs against it, "
                         "both kept in place of the kept ones (default: the costs of engines "
@@ -92,6 +106,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag in ("nproc_per_node", "global_batch", "profile_batch", "rounds"):
         if getattr(args, flag) < 1:
             _refuse(f"--{flag.replace('_', '-')}: must be >= 1 (got {getattr(args, flag)})")
+    for flag, least in (("warmup", 0), ("steps", 1)):
+        value = getattr(args, flag, None)
+        if value is not None and value < least:
+            _refuse(f"--{flag}: must be >= {least} (got {value})")
     if not args.measurements.parent.is_dir():
         _refuse(f"--measurements {args.measurements}: no folder {args.measurements.parent}")
     if args.relink and args.print_only:  # every caller sets --relink (grid_124m: False)
@@ -145,6 +163,23 @@ def prepare(args: argparse.Namespace) -> tuple[str, str, Any, dict[str, Any]]:
     except AutotuneError as error:
         _refuse(str(error))
     return model, sha, record, kept
+
+
+def timing(args: argparse.Namespace, entry: dict[str, Any]) -> dict[str, int]:
+    """The untimed and timed steps of ``entry``'s trials: the entry's own (one that keeps
+    measurements but names none: :data:`BEFORE_STEADY`), else ``--warmup`` / ``--steps``
+    (:data:`STEADY` where not given). A flag that differs from the entry's own is refused (exit
+    2): one file's rounds are timed alike."""
+    asked = {flag: getattr(args, flag) for flag in STEADY if getattr(args, flag, None) is not None}
+    own = entry.get("timing") or (BEFORE_STEADY if entry.get("seconds") else None)
+    if own is None:
+        return {**STEADY, **asked}
+    for flag, value in asked.items():
+        if own[flag] != value:
+            _refuse(f"--{flag} {value}: {args.measurements} keeps this model's trials timed at "
+                    f"{own['warmup']} warm-up and {own['steps']} timed steps; give those, or "
+                    "another file")  # fmt: skip
+    return dict(own)
 
 
 def profiled_plans(args: argparse.Namespace, model: str, record: Any) -> tuple[Any, list[Any]]:
@@ -252,7 +287,8 @@ def measure(args: argparse.Namespace, model: str, plans: list[Any], entry: dict[
         return failed
     known = (LinkMeasure.model_validate(entry["link"])
              if entry.get("link") and not args.relink else None)  # fmt: skip
-    settings = TrialSettings(model_file=model, steps=2, warmup=1, device="cpu",
+    entry["timing"] = timing(args, entry)
+    settings = TrialSettings(model_file=model, **entry["timing"], device="cpu",
                              timeout_s=args.timeout, engine_costs=keys, known_link=known)  # fmt: skip
     done = 0
     with tempfile.TemporaryDirectory() as tmp, PoolRunner(entry_points=ENTRY_POINTS, workdir=Path(tmp)) as pool:  # fmt: skip
@@ -427,8 +463,9 @@ def main() -> None:
     started, load = time.monotonic(), _load()
     model, sha, record, kept = prepare(args)
     with exits(args.measurements):
-        record, plans = profiled_plans(args, model, record)
         entry = kept.setdefault(sha, {"model": model})
+        steps = timing(args, entry)  # a flag at odds with the kept file refused before profiling
+        record, plans = profiled_plans(args, model, record)
         if not args.print_only:
             measure(args, model, plans, entry, kept)
     machine = Machine(device="cpu", nproc_per_node=args.nproc_per_node)
@@ -445,6 +482,8 @@ def main() -> None:
           f"{args.nproc_per_node} ranks on cpu")  # fmt: skip
     for figure, why in record.flags.items():
         print(f"profile flag {figure}: {why}")
+    print(f"each trial's seconds: the median of {steps['steps']} steps after {steps['warmup']} "
+          "untimed")  # fmt: skip
     print_table(composition, plans, entry.get("seconds", {}))
     print_recompute(composition, plans, entry.get("seconds", {}))
     footer(load, started)

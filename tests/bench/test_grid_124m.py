@@ -116,6 +116,7 @@ class _FakePool:
     sweeps the link (the calibration) returns a kept link with the engines' costs."""
 
     runs: list[str] = []
+    timings: set[tuple[int, int]] = set()
 
     def __init__(self, **_: object) -> None:
         pass
@@ -134,6 +135,7 @@ class _FakePool:
         from autotune.search._records import RunReport
 
         _FakePool.runs.append(plan.describe())
+        _FakePool.timings.add((settings.warmup, settings.steps))
         kept = json.loads((REPO / "bench" / "data" / "step_time_124m.json").read_text())
         link = LinkMeasure.model_validate(next(iter(kept.values()))["link"])  # ZeRO-0's cost in
         result = TrialResult(completed_steps=2, step_time=MB_SECONDS[plan.micro_batch],
@@ -156,11 +158,12 @@ def test_the_grid_measures_each_plan_once_keeps_it_and_picks_the_fastest_that_fi
             "--profile", str(REPO / "bench" / "data" / "step_time_124m.profile.json"),
             "--measurements", str(measurements), "--grid", "engines=zero0 precision=bf16 ckpt=none"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
-    _FakePool.runs = []
+    _FakePool.runs, _FakePool.timings = [], set()
     grid_124m.main()
     plans = [f"precision=bf16,{split}stage=0,nproc_per_node=2"
              for split in ("mb=4,", "mb=2,ga=2,", "mb=1,ga=4,")]  # fmt: skip
     assert _FakePool.runs == plans[:1] + plans  # the calibration, then each plan once
+    assert _FakePool.timings == {(1, 2)}  # as the kept grid was timed, not step_time's default
     first = capsys.readouterr().out
     assert f"best of the grid: {plans[1]}, 4.00" in first  # 8 samples / 2.0 s; mb=4 is over
     entry = next(iter(json.loads(measurements.read_text()).values()))
