@@ -14,8 +14,6 @@ from autotune import compose
 from autotune.api._common import tune_records
 from autotune.api._tune import tune_model
 from autotune.records import (
-    SHORT_PROFILE_STEPS,
-    SHORT_PROFILE_WARMUP,
     AutotuneError,
     Machine,
     ProfileRecord,
@@ -178,12 +176,11 @@ def _recommend_by_policy(
 ) -> Recommendation:
     if saved is not None:
         record = compose.completed(saved, model_file)
-    else:  # a short profile at a small share of the per-rank batch, as `autotune tune` takes
-        per_rank = global_batch // machine.world_size
-        record = compose.profile_model(
-            model_file, batch_size=min(compose.SHORT_BATCH, per_rank), steps=SHORT_PROFILE_STEPS,
-            warmup=SHORT_PROFILE_WARMUP, device=machine.device,
-        )  # fmt: skip
+    else:  # the short profiles `autotune tune` takes, at a small share of the per-rank batch
+        record, timed = compose.short_profiles(
+            model_file, global_batch // machine.world_size, machine.device
+        )
+        record = record.model_copy(update={"second": timed})
     composition = compose.compose(record, machine=machine, global_batch=global_batch)
     plan = composition.policy
     assert plan is not None

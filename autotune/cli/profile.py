@@ -97,6 +97,7 @@ def profile_command(
                 progress=progress,
                 command=command,
                 label=source.label,
+                second=True,
             )
         from autotune.records import write_record
 
@@ -203,6 +204,15 @@ def render(record: ProfileRecord) -> Table:
         f"median of {time.steps_measured}; p25-p75 {spread.p25 * 1e3:.2f}-{spread.p75 * 1e3:.2f} ms"
         + _flag(flags, SPREAD_FIGURE, "; "),
     )
+    if record.second is not None:
+        again = record.second
+        table.add_row(
+            f"time: step at batch {again.config.batch_size}",
+            f"{again.time.step * 1e3:.2f} ms",
+            f"median of {again.time.steps_measured}, after the profile on its model: every "
+            "estimate from this record splits each phase into a part per micro-batch and a part "
+            "per sample",
+        )
     tput = record.throughput
     tokens = f", {tput.tokens_per_s:,.0f} tokens/s" if tput.tokens_per_s else ""
     table.add_row("throughput", f"{tput.samples_per_s:,.1f} samples/s", f"measured{tokens}")

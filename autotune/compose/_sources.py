@@ -45,16 +45,43 @@ per micro-batch fitted through two points at b and 2b carries about 2.8 times th
 noise (2-3 % here) as a share of the first, so under 5 % it is not resolved."""
 
 
-def profile_model(model_path: str | Path, *, trace: bool = True, **options: Any) -> ProfileRecord:
+def profile_model(
+    model_path: str | Path, *, trace: bool = True, second: bool = False, **options: Any
+) -> ProfileRecord:
     """:func:`autotune.runtime.profiler.profile` of the model file, with the activation figures
     of every plan precision it did not run traced on fake tensors beside the measured ones
     (``memory.traced``), so every road that later reads the record predicts those plans alike.
 
     Args:
         trace: trace the other precisions (seconds on fake tensors; nothing allocated).
+        second: after the profile, time steps at a second micro-batch where its operators' own
+            cost may matter (:func:`second_micro_batch`), kept in the record (``second``): every
+            road that reads it then splits each phase's time into a fixed part per micro-batch
+            and a part per sample, as tune's own short profiles do.
         **options: the profiler's keyword arguments (batch size, steps, device, ...).
     """
-    return _profiled(model_path, trace=trace, **options).profile
+    if not second:
+        return _profiled(model_path, trace=trace, **options).profile
+    profiled = _profiled(model_path, trace=trace, second_batch=second_micro_batch,
+                         second_steps=TIME_PROFILE_STEPS, **options)  # fmt: skip
+    if profiled.out_of_memory is not None:
+        print(f"autotune: note: the timed steps at micro-batch {profiled.out_of_memory} ran out "
+              "of memory; each phase's time is taken as proportional to the micro-batch",
+              file=sys.stderr)  # fmt: skip
+    return profiled.profile.model_copy(update={"second": profiled.timed})
+
+
+def second_micro_batch(first: ProfileRecord) -> int:
+    """The micro-batch a profile's steps are timed at again, after it (its own: none): where its
+    operators' own cost may matter (:func:`_second_skipped`, else a note on stderr), a quarter
+    of its batch (at least 1, so it fits wherever the profile did), or after a profile of one
+    sample up to 4 where the profile predicts that fits (:func:`_largest_fitting_batch`)."""
+    batch = first.config.batch_size
+    skip = _second_skipped(first)
+    if skip is not None:
+        print(f"autotune: note: {skip}", file=sys.stderr)
+        return batch
+    return max(1, batch // 4) if batch > 1 else min(4, _largest_fitting_batch(first))
 
 
 def _profiled(model_path: str | Path, *, trace: bool = True, **options: Any) -> Profiled:

@@ -282,12 +282,20 @@ def _precision_factor(facts: ModelFacts, measured: str, plan: str) -> tuple[floa
 def cpu_core_share(facts: ModelFacts, plan: Plan) -> float:
     """How much longer a rank's compute takes than the profile's on a CPU device, where a
     node's ranks share its cores: each gets ``threads // ranks per node`` of the threads the
-    profile ran on (as the trial launcher sets ``OMP_NUM_THREADS``), and compute is taken as
-    linear in threads. 1 on a GPU (a device per rank) or where the threads were not recorded."""
-    threads = facts.baseline.threads if facts.baseline else None
-    if facts.device_type != "cpu" or not threads:
+    profile ran on (as the trial launcher sets ``OMP_NUM_THREADS``). Where the profile measured
+    one thread against its own (``one_thread_over_all``), by Amdahl's law through those two
+    points (a serial share of the work that threads do not split); else linear in threads.
+    1 on a GPU (a device per rank) or where the threads were not recorded."""
+    base = facts.baseline
+    threads = base.threads if base else None
+    if facts.device_type != "cpu" or not threads or base is None:
         return 1.0
-    return threads / max(1, threads // plan.nproc_per_node)
+    rank = max(1, threads // plan.nproc_per_node)
+    ratio = base.one_thread_over_all
+    if ratio is None or threads == 1 or rank == threads:
+        return threads / rank
+    serial = min(max((threads / ratio - 1) / (threads - 1), 0.0), 1.0)
+    return (serial + (1 - serial) / rank) / (serial + (1 - serial) / threads)
 
 
 def steps_on_host(plan: Plan) -> bool:
@@ -395,11 +403,17 @@ def estimate_plan(
     )
     if engine_note and time_source == "measured":
         notes.append(engine_note)
+    if time_source == "measured" and facts.baseline is not None:
+        notes.append(f"step time per micro-batch: {facts.baseline.time_fit}")
     share = cpu_core_share(facts, plan)
     if share != 1.0 and time_source == "measured":
+        base, how = facts.baseline, "linear in threads"
+        if base is not None and base.one_thread_over_all is not None:
+            how = (f"Amdahl's law through the profile's own: one thread took "
+                   f"x{base.one_thread_over_all:.2f} the time of its {base.threads}")  # fmt: skip
         notes.append(
             f"on a CPU device the node's {plan.nproc_per_node} ranks share the cores the profile "
-            f"ran on: each rank's compute is taken as x{share:g} the profile's (linear in threads)"
+            f"ran on: each rank's compute is taken as x{share:.3g} the profile's ({how})"
         )
     if host_step[0] is not None and time_source == "measured":
         notes.append(

@@ -66,6 +66,11 @@ class TracedMoment(_Record):
     )
 
 
+ONE_PROFILE_FIT = "each phase proportional to the micro-batch (one profile)"
+"""How a baseline's phases scale with the micro-batch before a second profile or timed steps at
+another batch split them (:func:`fit_step_time`)."""
+
+
 class Baseline(_Record):
     """A measured plan: its peak and what was live then, and its step time by phase."""
 
@@ -96,12 +101,21 @@ class Baseline(_Record):
         default=0.0,
         description="measured: seconds per checkpointed block beyond its share of the forward",
     )
-    time_fit: str = Field(default="proportional to the micro-batch (one profile)")
+    time_fit: str = Field(
+        default=ONE_PROFILE_FIT,
+        description="how each phase's seconds per micro-batch were fitted, as the estimate says",
+    )
     host_adam_per_s: float | None = Field(
         default=None, description="measured: elements per second the host's CPU steps Adam at"
     )
     threads: int | None = Field(
         default=None, description="the CPU threads the measured steps ran on (a CPU device)"
+    )
+    one_thread_over_all: float | None = Field(
+        default=None,
+        gt=0,
+        description="measured: the forward and backward on one thread over the same on "
+        "``threads`` (a CPU device); None: not measured, compute taken as linear in threads",
     )
     bf16_speed_ratio: float | None = Field(
         default=None,
@@ -188,7 +202,9 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
     """Model facts with the activation figures, peak and times a profile measured.
 
     Without a two-batch-size fit the measured activations count as per-sample
-    only, and checkpointing cannot be predicted (no per-block figures).
+    only, and checkpointing cannot be predicted (no per-block figures). The timed steps at a
+    second micro-batch the record carries (``second``) split each phase's time into a fixed
+    part per micro-batch and a part per sample (:func:`fit_step_time`).
     """
     model, memory, time = profile.model, profile.memory, profile.time
     fit = memory.activation_fit
@@ -220,7 +236,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         }
     )
     trainable = model.trainable_parameters
-    return ModelFacts(
+    facts = ModelFacts(
         name=model.class_name,
         parameters=model.parameters,
         trainable_parameters=trainable,
@@ -254,6 +270,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             tokens_per_s=profile.throughput.tokens_per_s,
             host_adam_per_s=profile.environment.host_adam_per_s,
             threads=profile.environment.threads,
+            one_thread_over_all=time.one_thread_over_all,
             bf16_speed_ratio=bf16_ratio(profile),
             bf16_over_fp32=time.bf16_over_fp32,
             block_forward_share=dict(time.block_forward_share),
@@ -263,6 +280,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
         device_type=profile.config.device,
         **_workspace(profile),
     )
+    return facts if profile.second is None else fit_step_time(facts, profile.second)
 
 
 def _workspace(profile: ProfileRecord) -> dict[str, object]:
@@ -420,9 +438,10 @@ def fit_step_time(facts: ModelFacts, other: ProfileRecord | TimedSteps) -> Model
         update = _recompute_fit(facts, max(extra, 0.0) / abs(k1 - k0), forward)
     else:
         raise ValueError("the second profile must differ in batch size or in checkpointing only")
-    fits = [base.time_fit] if base.time_fit.startswith("fixed") else []
-    fits.append(f"profile at batch {b1}, checkpointing {'on' if cfg.checkpointing else 'off'}")
-    update["time_fit"] = "; ".join(fits)
+    fitted = str(update.get("time_fit") or f"a block's recompute from a profile at batch {b1}, "
+                 f"checkpointing {'on' if cfg.checkpointing else 'off'}")  # fmt: skip
+    earlier = [] if base.time_fit == ONE_PROFILE_FIT else [base.time_fit]
+    update["time_fit"] = "; ".join([*earlier, fitted])
     return facts.model_copy(update={"baseline": base.model_copy(update=update)})
 
 

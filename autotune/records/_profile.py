@@ -237,6 +237,14 @@ class StepTime(_Record):
         "and backward in a loop (dispatch, autograd and Python, next to no compute); None: not "
         "measured",
     )
+    one_thread_over_all: float | None = Field(
+        None,
+        gt=0,
+        description="measured on a CPU: the model's forward and backward on one thread over the "
+        "same on the profile's threads, the median of paired passes, where its operators' own "
+        "cost may matter (a second micro-batch was timed); a rank given fewer of the cores is "
+        "scaled by it (Amdahl's law through the two points), else linearly; None: not measured",
+    )
 
 
 class Throughput(_Record):
@@ -345,6 +353,13 @@ class ProfileRecord(_Record):
     compute: Compute
     environment: Environment
     provenance: Provenance
+    second: TimedSteps | None = Field(
+        default=None,
+        description="timed steps at a second micro-batch, on the same model in the same process "
+        "after the profile, where its operators' own cost may matter: each phase's time then "
+        "splits into a fixed part per micro-batch and a part per sample, on every road that "
+        "reads this record; null: not taken (the reason printed with the profile)",
+    )
     flags: dict[str, str] = Field(
         default_factory=dict,
         description="figure (dotted key, e.g. compute.mfu) -> why it cannot be true: outside its "

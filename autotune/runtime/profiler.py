@@ -241,6 +241,11 @@ def _with_second(record: ProfileRecord, runner: TrainRunner,
     batch = record.config.batch_size if second_batch is None else second_batch(record)
     if batch == record.config.batch_size:
         return Profiled(record)
+    ratio = _one_thread_over_all(runner)  # at the profile's batch, before the rebatch
+    if ratio is not None:
+        record = record.model_copy(
+            update={"time": record.time.model_copy(update={"one_thread_over_all": ratio})}
+        )
     try:
         runner.rebatch(batch)
         timings = _timed_steps(runner, steps, 0, report)
@@ -248,6 +253,36 @@ def _with_second(record: ProfileRecord, runner: TrainRunner,
         return Profiled(record, None, out_of_memory=batch)
     config = record.config.model_copy(update={"batch_size": batch, "steps": steps, "warmup": 0})
     return Profiled(record, TimedSteps(config=config, time=timings.summary()))
+
+
+THREAD_PAIRS = 3
+"""Paired passes (one thread, then all) whose median ratio :func:`_one_thread_over_all` takes."""
+
+
+def _one_thread_over_all(runner: TrainRunner) -> float | None:
+    """On a CPU running on more than one thread: the model's forward and backward on one thread
+    over the same on all of them, the median of :data:`THREAD_PAIRS` pairs after one pass on
+    one thread (its warm-up). A rank given fewer cores than the profile had is scaled by it: a
+    small model's operators gain less from threads than linearly (tiny GPT at micro-batch 1:
+    1.27 times faster on 2 threads than on 1, not 2). ``None`` elsewhere."""
+    threads = torch.get_num_threads()
+    if runner.device.type != "cpu" or threads <= 1:
+        return None
+
+    def seconds(on: int) -> float:
+        torch.set_num_threads(on)
+        batch = runner.next_batch()
+        start = time.perf_counter()
+        runner.backward(runner.forward(batch))
+        took = time.perf_counter() - start
+        runner.optimizer.zero_grad(set_to_none=True)
+        return took
+
+    try:
+        seconds(1)
+        return statistics.median(seconds(1) / seconds(threads) for _ in range(THREAD_PAIRS))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _checkpoint_all(runner: TrainRunner) -> None:

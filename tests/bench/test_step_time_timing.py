@@ -9,9 +9,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _search import FakePool
+
+from autotune.records import LinkMeasure, Plan, TrialResult
+from autotune.search import TrialSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -24,33 +27,18 @@ KEPT = REPO / "bench" / "data" / "step_time_tiny_gpt.json"
 PLAN = "stage=0,precision=bf16"
 
 
-class _FakePool:
-    """Stands in for PoolRunner: each trial 'measures' 0.1 s a step; the one that sweeps the
-    link (the calibration) returns tiny GPT's kept link with its engines' costs."""
+class _FakePool(FakePool):
+    """Each trial 'measures' 0.1 s a step; the one that sweeps the link (the calibration)
+    returns tiny GPT's kept link with its engines' costs."""
 
     launched: list[tuple[int, int]] = []
 
-    def __init__(self, **_: object) -> None:
-        pass
-
-    def __enter__(self) -> _FakePool:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-    def warm_up(self, plans: object, settings: object) -> float:
-        return 0.0
-
-    def run(self, plan: Any, settings: Any) -> Any:
-        from autotune.records import LinkMeasure, TrialResult
-        from autotune.search._records import RunReport
-
+    @staticmethod
+    def _ok(plan: Plan, settings: TrialSettings) -> TrialResult:
         _FakePool.launched.append((settings.warmup, settings.steps))
         link = LinkMeasure.model_validate(next(iter(json.loads(KEPT.read_text()).values()))["link"])
-        result = TrialResult(completed_steps=settings.warmup + settings.steps, step_time=0.1,
-                             link=link if settings.sweep_link else None)  # fmt: skip
-        return RunReport(returncode=0, timed_out=False, result=result, duration_s=1.0)
+        return TrialResult(completed_steps=settings.warmup + settings.steps, step_time=0.1,
+                           link=link if settings.sweep_link else None)  # fmt: skip
 
 
 def _main(monkeypatch: pytest.MonkeyPatch, measurements: Path, *flags: str) -> None:

@@ -5,6 +5,7 @@ The commands are read from README.md itself, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -45,3 +46,17 @@ def test_the_readme_loop_runs_verbatim_from_an_empty_directory(tmp_path: Path) -
     made = {path.name for path in tmp_path.iterdir()}
     assert {"autotune-profile.json", "autotune-confirm.json", "autotune-tune.json",
             "ds_config.json", "recommendation.json", "report.html"} <= made  # fmt: skip
+    # a model this small spends much of a micro-batch in its operators' own cost: the profile
+    # timed a quarter of its batch after it, and every estimate from it splits each phase
+    record = json.loads((tmp_path / "autotune-profile.json").read_text())
+    first, second = record["config"]["batch_size"], record["second"]
+    assert second["config"]["batch_size"] == first // 4
+    assert 0 < second["time"]["step"] < record["time"]["step"]
+    if record["environment"]["threads"] > 1:  # a rank on fewer cores is scaled by the probe
+        assert record["time"]["one_thread_over_all"] > 0
+    done = subprocess.run([str(AUTOTUNE), "estimate", "--profile", "autotune-profile.json",
+                           "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    fit = f"fixed + per-sample parts from batch {first} and {first // 4}"
+    assert fit in done.stdout

@@ -30,7 +30,7 @@ def test_the_second_short_profile_times_steps_and_fits_like_a_whole_profile() ->
     f0, f1 = first.time.forward, second.time.forward
     at_zero = f0 - (f1 - f0) / (b1 - b0) * b0
     assert base.forward_fixed == pytest.approx(min(max(at_zero, 0.0), f0))
-    assert f"profile at batch {b1}" in base.time_fit
+    assert base.time_fit == f"fixed + per-sample parts from batch {b0} and {b1}"
 
 
 COUNTING = """

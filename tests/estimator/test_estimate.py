@@ -18,7 +18,8 @@ from autotune.estimator import (
     fit_step_time,
     plan_grid,
 )
-from autotune.records import AtPeak, Machine, Plan, ProfileRecord
+from autotune.estimator._estimator import cpu_core_share
+from autotune.records import AtPeak, Machine, Plan, ProfileRecord, TimedSteps
 
 
 @pytest.mark.parametrize(
@@ -342,6 +343,23 @@ def test_second_batch_size_fits_the_fixed_time_per_micro_batch() -> None:
     ).predicted_step_time_ratio == pytest.approx(1.9)
 
 
+def test_a_record_carrying_its_second_batch_predicts_as_the_two_profiles_do() -> None:
+    """The timed steps ``autotune profile`` keeps in the record (``second``) split the phases by
+    themselves: the hand-worked figures above, with no second profile passed."""
+    half = _with_time(make_profile(batch=2), dataloader=0.05, forward=0.2, backward=0.35)
+    record = make_profile(batch=4).model_copy(
+        update={"second": TimedSteps(config=half.config, time=half.time)}
+    )
+    facts = facts_from_profile(record)
+    assert facts.baseline is not None
+    assert facts.baseline.forward_fixed == pytest.approx(0.1)
+    assert facts.baseline.backward_fixed == pytest.approx(0.15)
+    assert facts.baseline.dataloader_fixed == pytest.approx(0.05)
+    assert facts.baseline.time_fit.startswith("fixed + per-sample parts from batch 4 and 2")
+    ratio = estimate_plan(facts, Plan(micro_batch=8)).predicted_step_time_ratio
+    assert ratio == pytest.approx(1.6)  # 0.05 + (0.1 + 0.4) + (0.15 + 0.8) + 0.1, over 1.0
+
+
 def test_profile_with_checkpointing_measures_the_recompute_cost() -> None:
     base = make_profile(batch=4)
     ckpt = _with_time(make_profile(batch=4, checkpointing=True), forward=0.3, backward=0.79)
@@ -504,3 +522,38 @@ def test_cpu_ranks_share_the_cores_the_profile_ran_on(
     on_gpu = estimate_plan(facts.model_copy(update={"device_type": "cuda"}),
                            Plan(micro_batch=1, nproc_per_node=ranks))  # fmt: skip
     assert on_gpu.predicted_step_seconds == pytest.approx(0.05 + 0.3 + 0.6 + 0.08)
+
+
+def _on_threads(threads: int, one_thread_over_all: float | None) -> ModelFacts:
+    record = make_profile()
+    record = record.model_copy(update={
+        "environment": record.environment.model_copy(update={"threads": threads}),
+        "time": record.time.model_copy(update={"one_thread_over_all": one_thread_over_all}),
+    })  # fmt: skip
+    return facts_from_profile(record)
+
+
+@pytest.mark.parametrize(
+    ("threads", "measured", "nproc", "factor"),
+    [
+        (2, None, 2, 2.0),  # not measured: linear in threads
+        (2, 1.27, 2, 1.27),  # one thread a rank: the measured ratio itself
+        # 4 threads, one took x2.5: serial share s = (4 / 2.5 - 1) / 3 = 0.2; a rank of 2
+        # threads: (0.2 + 0.8 / 2) / (0.2 + 0.8 / 4) = 0.6 / 0.4
+        (4, 2.5, 2, 1.5),
+        (4, 2.5, 1, 1.0),  # one rank keeps the profile's threads
+        (2, 2.4, 2, 2.0),  # faster than linear: taken as linear (serial share 0)
+    ],
+)
+def test_a_ranks_compute_on_fewer_cores_follows_the_measured_threads(
+    threads: int, measured: float | None, nproc: int, factor: float
+) -> None:
+    facts = _on_threads(threads, measured)
+    plan = Plan(micro_batch=4, nproc_per_node=nproc)
+    assert cpu_core_share(facts, plan) == pytest.approx(factor)
+    one = estimate_plan(facts, Plan(micro_batch=4))
+    assert one.predicted_step_seconds == pytest.approx(1.0)  # the profile's own step, x1
+    est = estimate_plan(facts, plan)
+    # data 0.05 unchanged; forward 0.3, backward 0.55 and the optimizer 0.1 (ZeRO-0: the whole
+    # step on each rank) x the factor; no engine cost measured here
+    assert est.predicted_step_seconds == pytest.approx(0.05 + (0.3 + 0.55 + 0.1) * factor)
