@@ -85,6 +85,8 @@ def main() -> None:
         _refuse(f"--steps: at least {SETTLED_FROM + 1}, to have settled steps (got {args.steps})")
     if args.repeats < 1:
         _refuse(f"--repeats: must be >= 1 (got {args.repeats})")
+    if (args.model is None) == (args.hf_config is None):
+        _refuse("MODEL or --hf-config: give one of them")
     if args.model is not None and not Path(args.model).is_file():
         _refuse(f"MODEL {args.model}: no such model file")
     from autotune.records import AutotuneError, Plan, parse_plan
