@@ -557,3 +557,10 @@ def test_a_ranks_compute_on_fewer_cores_follows_the_measured_threads(
     # data 0.05 unchanged; forward 0.3, backward 0.55 and the optimizer 0.1 (ZeRO-0: the whole
     # step on each rank) x the factor; no engine cost measured here
     assert est.predicted_step_seconds == pytest.approx(0.05 + (0.3 + 0.55 + 0.1) * factor)
+    # the ratio to the profiled plan (1 rank, its own 1.0 s) follows, its notes naming the factor
+    assert est.predicted_step_time_ratio == pytest.approx(est.predicted_step_seconds)
+    said = [note for note in est.notes if "share the cores" in note]
+    if factor == 1.0:
+        assert said == []
+    else:
+        assert len(said) == 1 and f"x{factor:.3g} the profile's" in said[0]
