@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,26 +63,39 @@ def profile_model(
     """
     if not second:
         return _profiled(model_path, trace=trace, **options).profile
-    profiled = _profiled(model_path, trace=trace, second_batch=second_micro_batch,
-                         second_steps=TIME_PROFILE_STEPS, **options)  # fmt: skip
-    if profiled.out_of_memory is not None:
-        print(f"autotune: note: the timed steps at micro-batch {profiled.out_of_memory} ran out "
-              "of memory; each phase's time is taken as proportional to the micro-batch",
-              file=sys.stderr)  # fmt: skip
+    profiled = _timed_again(model_path, second_micro_batch, trace=trace, **options)
     return profiled.profile.model_copy(update={"second": profiled.timed})
 
 
 def second_micro_batch(first: ProfileRecord) -> int:
-    """The micro-batch a profile's steps are timed at again, after it (its own: none): where its
-    operators' own cost may matter (:func:`_second_skipped`, else a note on stderr), a quarter
-    of its batch (at least 1, so it fits wherever the profile did), or after a profile of one
-    sample up to 4 where the profile predicts that fits (:func:`_largest_fitting_batch`)."""
+    """The micro-batch ``autotune profile`` times its steps at again, after it: a quarter of its
+    batch (at least 1, so it fits wherever the profile did), or after a profile of one sample
+    up to 4 where the profile predicts that fits (:func:`_largest_fitting_batch`)."""
     batch = first.config.batch_size
-    skip = _second_skipped(first)
-    if skip is not None:
-        print(f"autotune: note: {skip}", file=sys.stderr)
-        return batch
     return max(1, batch // 4) if batch > 1 else min(4, _largest_fitting_batch(first))
+
+
+def _timed_again(
+    model_path: str | Path, choose: Callable[[ProfileRecord], int], **options: Any
+) -> Profiled:
+    """:func:`_profiled` with timed steps at the micro-batch ``choose`` picks after the profile,
+    where its operators' own cost may matter (else, as where those steps ran out of memory, a
+    note on stderr says why each phase is taken as proportional to the micro-batch)."""
+
+    def second(first: ProfileRecord) -> int:
+        skip = _second_skipped(first)
+        if skip is None:
+            return choose(first)
+        print(f"autotune: note: {skip}", file=sys.stderr)
+        return first.config.batch_size
+
+    profiled = _profiled(model_path, second_batch=second, second_steps=TIME_PROFILE_STEPS,
+                         **options)  # fmt: skip
+    if profiled.out_of_memory is not None:
+        print(f"autotune: note: the timed steps at micro-batch {profiled.out_of_memory} ran out "
+              "of memory; each phase's time is taken as proportional to the micro-batch",
+              file=sys.stderr)  # fmt: skip
+    return profiled
 
 
 def _profiled(model_path: str | Path, *, trace: bool = True, **options: Any) -> Profiled:
@@ -162,20 +176,12 @@ def short_profiles(
     or probes: the first has them."""
 
     def second(first: ProfileRecord) -> int:
-        skip = _second_skipped(first)
-        if skip is not None:
-            print(f"autotune: note: {skip}", file=sys.stderr)
-            return first.config.batch_size
         return max(first.config.batch_size,
                    min(per_rank, 4 * first.config.batch_size, _largest_fitting_batch(first)))  # fmt: skip
 
-    profiled = _profiled(model_path, batch_size=min(SHORT_BATCH, per_rank),
-                         steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP, device=device,
-                         second_batch=second, second_steps=TIME_PROFILE_STEPS)  # fmt: skip
-    if profiled.out_of_memory is not None:
-        print(f"autotune: note: the timed steps at micro-batch {profiled.out_of_memory} ran out "
-              "of memory; each phase's time is taken as proportional to the micro-batch",
-              file=sys.stderr)  # fmt: skip
+    profiled = _timed_again(model_path, second, batch_size=min(SHORT_BATCH, per_rank),
+                            steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
+                            device=device)  # fmt: skip
     return profiled.profile, profiled.timed
 
 

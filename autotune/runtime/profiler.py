@@ -237,7 +237,8 @@ def _with_second(record: ProfileRecord, runner: TrainRunner,
                  report: Progress) -> Profiled:  # fmt: skip
     """The profile, with ``steps`` timed steps of its runner at ``second_batch(record)`` samples
     where that is another micro-batch (none dropped: the median leaves the first, slower at a
-    new size, out)."""
+    new size, out). Where they are taken (a model whose operators' own cost may matter), the
+    one-thread probe is taken first, at the profile's batch, into its ``time``."""
     batch = record.config.batch_size if second_batch is None else second_batch(record)
     if batch == record.config.batch_size:
         return Profiled(record)
