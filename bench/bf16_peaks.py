@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from _model_source import add_model_arguments, model_path
-from zero_peaks import _run_ranks
+from zero_peaks import _run_ranks, rank_job
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -267,11 +267,5 @@ def main() -> None:
              for p, o, n, r in rows]))  # fmt: skip
 
 
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
-        from autotune.runtime.trial.lifeline import die_with_parent
-
-        die_with_parent()  # with torchrun (zero_peaks._run_ranks)
-        rank_main(sys.argv[2], sys.argv[3])
-    else:
-        main()
+if __name__ == "__main__" and not rank_job(rank_main):
+    main()

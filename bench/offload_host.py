@@ -138,10 +138,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--rank-worker":
-        from autotune.runtime.trial.lifeline import die_with_parent
+    from zero_peaks import rank_job
 
-        die_with_parent()  # with torchrun (zero_peaks._run_ranks)
-        _rank(sys.argv[2], sys.argv[3])
-    else:
+    if not rank_job(_rank):
         main()

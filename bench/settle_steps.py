@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from _model_source import add_model_arguments, model_path
-from zero_peaks import _run_ranks
+from zero_peaks import _run_ranks, rank_job
 
 SETTLED_FROM = 4
 """The first step counted as settled (1-based)."""
@@ -145,11 +145,5 @@ def _print(args: argparse.Namespace, plans: list[Any], seconds: dict[str, Any]) 
               + " s; " + "; ".join(readings))  # fmt: skip
 
 
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--rank-worker":
-        from autotune.runtime.trial.lifeline import die_with_parent
-
-        die_with_parent()  # with torchrun (zero_peaks._run_ranks)
-        _rank(sys.argv[2], sys.argv[3])
-    else:
-        main()
+if __name__ == "__main__" and not rank_job(_rank):
+    main()

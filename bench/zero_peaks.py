@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +199,25 @@ def _run_ranks(command: list[str], timeout: float, stdout: int | None = subproce
         print(f"rank job aborted in a C++ terminate (attempt {attempt + 1}); running it again",
               file=sys.stderr)  # fmt: skip
     return False
+
+
+def rank_job(rank: Callable[[str, str], None]) -> bool:
+    """Where this process is a rank of a job :func:`_run_ranks` started (``--rank-worker JOB
+    OUT``): guard it to die with torchrun (which starts it in a session of its own, out of reach
+    of the job's kill), run ``rank(JOB, OUT)`` and return True; else False."""
+    if sys.argv[1:2] != ["--rank-worker"]:
+        return False
+    from autotune.runtime.trial.lifeline import die_with_parent
+
+    die_with_parent()
+    rank(sys.argv[2], sys.argv[3])
+    return True
+
+
+def _zero_rank_main(job_path: str, out_path: str) -> None:
+    from _zero_rank import rank_main
+
+    rank_main(job_path, out_path)
 
 
 def _trial_peaks(model: str, plans: list[Any], work: Path, nproc: int) -> list[list[int | None]]:
@@ -417,13 +436,5 @@ def _print_summary(rows: list[dict[str, Any]], errors: list[float]) -> None:
               f"2 %, max {100 * max(trackers, key=abs):+.1f} %")  # fmt: skip
 
 
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
-        from _zero_rank import rank_main
-
-        from autotune.runtime.trial.lifeline import die_with_parent
-
-        die_with_parent()  # with torchrun (_run_ranks)
-        rank_main(sys.argv[2], sys.argv[3])
-    else:
-        main()
+if __name__ == "__main__" and not rank_job(_zero_rank_main):
+    main()
