@@ -28,7 +28,7 @@ ONE = """
 import json, sys, time
 from autotune import compose
 start = time.monotonic()
-record, _ = compose.short_profiles(sys.argv[1], int(sys.argv[2]), "cpu")
+record = compose.short_profiles(sys.argv[1], int(sys.argv[2]), "cpu")
 print(json.dumps({"ratio": record.time.bf16_over_fp32, "seconds": time.monotonic() - start,
                   "per_sample": (record.time.forward + record.time.backward)
                   / record.config.batch_size}))

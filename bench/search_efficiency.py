@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--device-memory", type=int, default=None)
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
-    profile, _ = short_profiles(model, args.global_batch, args.device)
+    profile = short_profiles(model, args.global_batch, args.device)
     blocks = profile.model.block_stack.count if profile.model.block_stack else 0
     machine = Machine(device="cpu", device_memory=args.device_memory)
     predict = compose(profile, machine=machine).prediction

@@ -215,9 +215,9 @@ def _profile(args: argparse.Namespace, model: str) -> Any:
     return record
 
 
-def tune_profiles(args: argparse.Namespace, model: str, sha: str) -> tuple[Any, list[Any]] | None:
+def tune_profiles(args: argparse.Namespace, model: str, sha: str) -> Any:
     """``None``, or with ``--tune-profiles`` tune's own two short profiles at the per-rank batch
-    (the profile, and the timed steps after it where there are any): kept beside the
+    (the profile carrying the timed steps after it where there are any): kept beside the
     measurements (by model sha256), else measured now and kept."""
     if not getattr(args, "tune_profiles", False):
         return None
@@ -226,9 +226,11 @@ def tune_profiles(args: argparse.Namespace, model: str, sha: str) -> tuple[Any, 
                               per_rank)  # fmt: skip
 
 
-def kept_tune_profiles(path: Path, model: str, sha: str, per_rank: int) -> tuple[Any, list[Any]]:
+def kept_tune_profiles(path: Path, model: str, sha: str, per_rank: int) -> Any:
     """Tune's two short profiles of ``model`` (sha256 ``sha``) at ``per_rank``, as kept in
-    ``path``; where it keeps another model's or batch's, taken now and kept there."""
+    ``path`` (the profile and its timed second micro-batch apart, ``timed``); where it keeps
+    another model's or batch's, taken now and kept there. Returns the profile carrying the
+    second, as :func:`autotune.compose.short_profiles` gives it."""
     from autotune.records import ProfileRecord, TimedSteps
 
     kept = json.loads(path.read_text()) if path.exists() else {}
@@ -237,13 +239,15 @@ def kept_tune_profiles(path: Path, model: str, sha: str, per_rank: int) -> tuple
 
         print(f"tune's short profiles of {Path(model).name} at per-rank batch {per_rank} ...",
               flush=True)  # fmt: skip
-        record, timed = compose.short_profiles(model, per_rank, "cpu")
-        kept = {"model_sha256": sha, "per_rank": per_rank, "profile": record.model_dump(mode="json"),
+        record = compose.short_profiles(model, per_rank, "cpu")
+        timed = record.second
+        kept = {"model_sha256": sha, "per_rank": per_rank,
+                "profile": record.model_copy(update={"second": None}).model_dump(mode="json"),
                 "timed": timed.model_dump(mode="json") if timed else None}  # fmt: skip
         _save(path, kept)
     print(f"tune's short profiles: {path} (per-rank batch {per_rank})")
-    timed = [TimedSteps.model_validate(kept["timed"])] if kept["timed"] else []
-    return ProfileRecord.model_validate(kept["profile"]), timed
+    timed = TimedSteps.model_validate(kept["timed"]) if kept["timed"] else None
+    return ProfileRecord.model_validate(kept["profile"]).model_copy(update={"second": timed})
 
 
 def _link(link: Any) -> str:
@@ -469,16 +473,15 @@ def main() -> None:
         if not args.print_only:
             measure(args, model, plans, entry, kept)
     machine = Machine(device="cpu", nproc_per_node=args.nproc_per_node)
-    road = tune_profiles(args, model, sha)
-    record, more = road if road is not None else (record, [])
-    composition = compose.compose(record, machine=machine, more_profiles=more)
+    record = tune_profiles(args, model, sha) or record
+    composition = compose.compose(record, machine=machine)
     if entry.get("link") is not None:
         swept = LinkMeasure.model_validate(entry["link"])
         composition = composition.on_link(swept)
         print(f"communication timed on the link the ranks swept: {_link(swept)}")
     print(f"model {Path(model).name} ({record.model.parameters:,} parameters), profiled at "
           f"micro-batch {record.config.batch_size}"
-          f"{''.join(f' and timed at {t.config.batch_size}' for t in more)}; "
+          f"{f' and timed at {record.second.config.batch_size}' if record.second else ''}; "
           f"{args.nproc_per_node} ranks on cpu")  # fmt: skip
     for figure, why in record.flags.items():
         print(f"profile flag {figure}: {why}")

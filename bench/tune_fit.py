@@ -74,7 +74,7 @@ def _repredict(record: Any) -> dict[int, int]:
     plans = {trial.number: Plan.model_validate(trial.plan) for trial in record.trials}
     machine = Machine(device="cpu", device_memory=record.device_memory, margin=record.margin,
                       nproc_per_node=record.nproc_per_node, nnodes=record.nnodes)  # fmt: skip
-    profile, _ = short_profiles(record.model_file, record.global_batch // machine.world_size, "cpu")
+    profile = short_profiles(record.model_file, record.global_batch // machine.world_size, "cpu")
     predict = compose(profile, machine=machine).prediction
     return {number: predict(plan).peak_bytes or 0 for number, plan in plans.items()}
 

@@ -111,7 +111,7 @@ class Grid:
         return top, self.rate(top) or 0.0
 
 
-def _load(args: argparse.Namespace) -> tuple[Grid, Any, list[Any]]:
+def _load(args: argparse.Namespace) -> tuple[Grid, Any]:
     """The grid's entry for MODEL and tune's two short profiles of it (taken and kept if missing)."""
     from step_time import kept_tune_profiles
 
@@ -127,9 +127,9 @@ def _load(args: argparse.Namespace) -> tuple[Grid, Any, list[Any]]:
         profiles = json.loads(path.read_text()) if path.exists() else {}
         if profiles.get("model_sha256") != sha or profiles.get("per_rank") != per_rank:
             _refuse(f"--profiles {path}: not {args.model}'s at per-rank batch {per_rank}")
-    profile, timed = kept_tune_profiles(path, args.model, sha, per_rank)
+    profile = kept_tune_profiles(path, args.model, sha, per_rank)
     print(f"grid: {args.grid} ({len(kept[sha]['seconds'])} plans)")
-    return Grid(kept[sha]), profile, timed
+    return Grid(kept[sha]), profile
 
 
 def replay_runner(grid: Grid, budget: int, sigma: float, rng: random.Random) -> Any:
@@ -163,7 +163,7 @@ def replay_runner(grid: Grid, budget: int, sigma: float, rng: random.Random) -> 
     return Replay(lambda plan, settings: "crash")
 
 
-def replay(args: argparse.Namespace, grid: Grid, record: Any, timed: list[Any], seed: int) -> Any:
+def replay(args: argparse.Namespace, grid: Grid, record: Any, seed: int) -> Any:
     """One tune of the grid's model, its trials replayed (seed ``seed``)."""
     from autotune import compose
     from autotune.records import Machine, TuneOptions
@@ -171,8 +171,7 @@ def replay(args: argparse.Namespace, grid: Grid, record: Any, timed: list[Any], 
 
     given = Machine(nproc_per_node=args.nproc_per_node, device="cpu",
                     device_memory=args.budget_bytes)  # fmt: skip
-    composition = compose.compose(record, machine=given, global_batch=args.global_batch,
-                                  more_profiles=timed)  # fmt: skip
+    composition = compose.compose(record, machine=given, global_batch=args.global_batch)
     machine = composition.machine
     assert composition.policy is not None
     rng = random.Random(seed)
@@ -197,7 +196,7 @@ def main() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    grid, record, timed = _load(args)
+    grid, record = _load(args)
     top, top_rate = grid.best(args.budget_bytes)
     print(f"grid's best that fits {args.budget}: {top.describe()}, {top_rate:.3f} samples/s")
     print(f"{args.seeds} tunes, --trials {args.trials}, run-to-run spread {args.spread:.1%} "
@@ -206,7 +205,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     ratios, found = [], 0
     for seed in range(args.seeds):
-        tuned, ran = replay(args, grid, record, timed, seed)
+        tuned, ran = replay(args, grid, record, seed)
         rec = tuned.recommendation
         rate = grid.rate(rec.plan) if rec is not None else None
         ratio = (rate or 0.0) / top_rate

@@ -177,10 +177,9 @@ def _recommend_by_policy(
     if saved is not None:
         record = compose.completed(saved, model_file)
     else:  # the short profiles `autotune tune` takes, at a small share of the per-rank batch
-        record, timed = compose.short_profiles(
+        record = compose.short_profiles(
             model_file, global_batch // machine.world_size, machine.device
         )
-        record = record.model_copy(update={"second": timed})
     composition = compose.compose(record, machine=machine, global_batch=global_batch)
     plan = composition.policy
     assert plan is not None

@@ -19,7 +19,6 @@ from autotune.records import (
     Machine,
     Plan,
     ProfileRecord,
-    TimedSteps,
     TuneOptions,
     read_record,
 )
@@ -152,7 +151,7 @@ def _tune_file(
         shared, shared_note = shared_profiles(
             study, lambda: _fresh_profiles(model_path, options, machine)
         )
-        composition = _composed(shared.profile, shared.second, options, machine)
+        composition = _composed(shared.profile, options, machine)
     else:
         composition = tune_composition(model_path, saved, options, machine)
     profiled = time.monotonic() - began
@@ -205,21 +204,17 @@ def tune_composition(
     file), else two short fresh ones (:func:`autotune.compose.short_profiles`), composed on
     the machine for the global batch and the policy file."""
     if saved is not None:
-        return _composed(compose.completed(saved, model_path), None, options, machine)
-    return _composed(*_fresh_profiles(model_path, options, machine), options, machine)
+        return _composed(compose.completed(saved, model_path), options, machine)
+    return _composed(_fresh_profiles(model_path, options, machine), options, machine)
 
 
-def _fresh_profiles(
-    model_path: str, options: TuneOptions, machine: Machine
-) -> tuple[ProfileRecord, TimedSteps | None]:
+def _fresh_profiles(model_path: str, options: TuneOptions, machine: Machine) -> ProfileRecord:
     per_rank = options.global_batch // machine.world_size
     return compose.short_profiles(model_path, per_rank, machine.device)
 
 
-def _composed(record: ProfileRecord, second: TimedSteps | None, options: TuneOptions,
-              machine: Machine) -> Composition:  # fmt: skip
+def _composed(record: ProfileRecord, options: TuneOptions, machine: Machine) -> Composition:
     return compose.compose(record, machine=machine, global_batch=options.global_batch,
-                           more_profiles=[second] if second is not None else [],
                            policy_path=options.policy_path)  # fmt: skip
 
 

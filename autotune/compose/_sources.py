@@ -22,7 +22,6 @@ from autotune.records import (
     AutotuneError,
     Machine,
     ProfileRecord,
-    TimedSteps,
 )
 
 if TYPE_CHECKING:
@@ -163,17 +162,16 @@ def with_traced(record: ProfileRecord, model_path: str | Path) -> ProfileRecord:
     return record.model_copy(update={"memory": record.memory.model_copy(update={"traced": traced})})
 
 
-def short_profiles(
-    model_path: str | Path, per_rank: int, device: str
-) -> tuple[ProfileRecord, TimedSteps | None]:
+def short_profiles(model_path: str | Path, per_rank: int, device: str) -> ProfileRecord:
     """A short profile of a model file at micro-batch ``min(2, per_rank)`` (traced beside,
-    :func:`profile_model`), and its timed steps alone at up to 4x that, in the same process after
-    it, where the per-rank batch is larger, the first predicts that it fits a GPU and its
-    operators can matter (:func:`per_call_bound`; ``None`` otherwise, or where it ran out of
-    memory all the same: a note on stderr says so), so the step-time model splits each phase
-    into a fixed part per micro-batch and a part per sample, which is what ranks micro-batches
-    of one global batch. The second measures no memory, FLOPs
-    or probes: the first has them."""
+    :func:`profile_model`) carrying, as ``second``, its timed steps alone at up to 4x that, in
+    the same process after it, where the per-rank batch is larger, the first predicts that it
+    fits a GPU and its operators can matter (:func:`per_call_bound`; ``None`` otherwise, or
+    where it ran out of memory all the same: a note on stderr says so), so the step-time model
+    splits each phase into a fixed part per micro-batch and a part per sample, which is what
+    ranks micro-batches of one global batch. The record has the form ``autotune profile``
+    writes: every road that reads it fits the second alike. The second measures no memory or
+    FLOPs: the first has them."""
 
     def second(first: ProfileRecord) -> int:
         return max(first.config.batch_size,
@@ -182,7 +180,7 @@ def short_profiles(
     profiled = _timed_again(model_path, second, batch_size=min(SHORT_BATCH, per_rank),
                             steps=SHORT_PROFILE_STEPS, warmup=SHORT_PROFILE_WARMUP,
                             device=device)  # fmt: skip
-    return profiled.profile, profiled.timed
+    return profiled.profile.model_copy(update={"second": profiled.timed})
 
 
 def per_call_bound(record: ProfileRecord) -> float | None:

@@ -22,7 +22,8 @@ from autotune.search import _study
 from autotune.search._waits import NOTICE_AFTER_S, say
 
 ATTR = "autotune:profiles"
-"""The study user attribute holding ``{profile, second, by}``."""
+"""The study user attribute holding ``{profile, by}`` (the profile carrying its timed second
+micro-batch; a study of an earlier version keeps that beside it, as ``second``)."""
 WAIT_S = 30.0
 """How long a worker that lost the claim waits for the winner's profiles to appear (the winner
 writes them right after claiming; past this it is taken for dead and the worker's own stand)."""
@@ -30,10 +31,9 @@ writes them right after claiming; past this it is taken for dead and the worker'
 
 @dataclass(frozen=True)
 class Profiles:
-    """A study's profiles and where they came from."""
+    """A study's profile (its timed second micro-batch in it) and where it came from."""
 
     profile: ProfileRecord
-    second: TimedSteps | None
     by: str
     """``host:pid`` of the worker that measured them."""
 
@@ -44,19 +44,18 @@ def read(study: Any) -> Profiles | None:
     if not isinstance(saved, dict):
         return None
     try:
-        second = saved.get("second")
-        return Profiles(
-            ProfileRecord.model_validate(saved["profile"]),
-            None if second is None else TimedSteps.model_validate(second),
-            str(saved.get("by", "?")),
-        )
+        profile = ProfileRecord.model_validate(saved["profile"])
+        second = saved.get("second")  # kept beside the profile by an earlier version
+        if second is not None and profile.second is None:
+            profile = profile.model_copy(update={"second": TimedSteps.model_validate(second)})
+        return Profiles(profile, str(saved.get("by", "?")))
     except (KeyError, ValidationError):
         return None
 
 
-def shared_profiles(study: Any,
-                    measure: Callable[[], tuple[ProfileRecord, TimedSteps | None]],
-                    wait_s: float = WAIT_S) -> tuple[Profiles, str]:  # fmt: skip
+def shared_profiles(
+    study: Any, measure: Callable[[], ProfileRecord], wait_s: float = WAIT_S
+) -> tuple[Profiles, str]:
     """The study's profiles: read where stored, else measured here (``measure``) and stored.
 
     Returns:
@@ -65,8 +64,7 @@ def shared_profiles(study: Any,
     stored = read(study)
     if stored is not None:
         return stored, f"profiles read from the study (measured by {stored.by}): none taken here"
-    profile, second = measure()
-    mine = Profiles(profile, second, _study.worker_name())
+    mine = Profiles(measure(), _study.worker_name())
     if not _study.claim(study, f"{study.study_name}:profiles"):  # another worker profiled first
         began = time.monotonic()
         told = False
@@ -82,7 +80,5 @@ def shared_profiles(study: Any,
             time.sleep(0.2)
         return mine, (f"the study's profiles were claimed but not stored within {wait_s:.0f} s: "
                       "this worker predicts with its own")  # fmt: skip
-    study.set_user_attr(ATTR, {"profile": profile.model_dump(mode="json"),
-                               "second": None if second is None else second.model_dump(mode="json"),
-                               "by": mine.by})  # fmt: skip
+    study.set_user_attr(ATTR, {"profile": mine.profile.model_dump(mode="json"), "by": mine.by})
     return mine, "profiles taken here and kept in the study for its other workers"

@@ -43,9 +43,9 @@ def test_the_search_measures_the_grids_best_plan(grid: str, profiles: str) -> No
         budget_bytes=3 * GIB, trials=6, spread=0.055, profiles=DATA / profiles, engines=None,
     )  # fmt: skip
     best = _best_that_fits(args.grid, args.budget_bytes)
-    loaded, record, timed = tune_replay._load(args)
+    loaded, record = tune_replay._load(args)
     for seed in range(3):
-        tuned, ran = tune_replay.replay(args, loaded, record, timed, seed)
+        tuned, ran = tune_replay.replay(args, loaded, record, seed)
         assert best in {loaded.truth(plan) for plan in ran}, (seed, best.describe())
         measured = [t for t in tuned.trials if t.outcome is not None and t.role != "unchanged"]
         assert len(measured) == args.trials

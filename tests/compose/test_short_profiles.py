@@ -1,5 +1,6 @@
 """tune's two short profiles: the second is timed steps alone, so it pays for no memory
-measure, FLOP count or probe, and the step-time fit reads it as it reads a whole profile."""
+measure or FLOP count, and the step-time fit reads it as it reads a whole profile. The first
+carries it (``second``), as the record `autotune profile` writes does."""
 
 from __future__ import annotations
 
@@ -16,16 +17,19 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_the_second_short_profile_times_steps_and_fits_like_a_whole_profile() -> None:
     model = EXAMPLES / "mlp_dataloader.py"
-    first, second = short_profiles(model, per_rank=8, device="cpu")
+    first = short_profiles(model, per_rank=8, device="cpu")
+    second = first.second
     assert isinstance(second, TimedSteps) and not isinstance(second, ProfileRecord)
     assert second.config.batch_size == 4 * first.config.batch_size
     # the first measured the probes; the second carries step times only
     assert first.environment.host_adam_per_s and first.time.bf16_over_fp32
     assert second.time.steps_measured == second.config.steps
     # the fit splits the forward into a part per micro-batch and one per sample, through the
-    # two measured points (the line through them, at batch 0, clamped to [0, the first's])
-    base = fit_step_time(facts_from_profile(first), second).baseline
-    assert base is not None
+    # two measured points (the line through them, at batch 0, clamped to [0, the first's]);
+    # the record alone gives it, as a second profile given beside the first does
+    base = facts_from_profile(first).baseline
+    alone = first.model_copy(update={"second": None})
+    assert base is not None and base == fit_step_time(facts_from_profile(alone), second).baseline
     b0, b1 = first.config.batch_size, second.config.batch_size
     f0, f1 = first.time.forward, second.time.forward
     at_zero = f0 - (f1 - f0) / (b1 - b0) * b0
@@ -69,7 +73,8 @@ def test_the_second_short_profile_reuses_the_first_ones_model_and_process(
         return loaded[-1]
 
     monkeypatch.setattr("autotune.runtime.profiler.load_model_file", keep)
-    first, second = short_profiles(model, per_rank=8, device="cpu")
+    first = short_profiles(model, per_rank=8, device="cpu")
+    second = first.second
     assert second is not None and second.config.batch_size == 8 and second.config.warmup == 0
     assert len(loaded) == 1
     module = loaded[0].module
@@ -101,8 +106,8 @@ def test_a_second_profile_that_runs_out_of_memory_leaves_the_first_alone(
 ) -> None:
     model = tmp_path / "oom.py"
     model.write_text(OOM_ABOVE_2.replace("{limit}", "2"))
-    first, second = short_profiles(model, per_rank=8, device="cpu")
-    assert second is None and first.config.batch_size == 2
+    first = short_profiles(model, per_rank=8, device="cpu")
+    assert first.second is None and first.config.batch_size == 2
     assert "the timed steps at micro-batch 8 ran out of memory" in capsys.readouterr().err
 
 
@@ -192,8 +197,8 @@ def test_a_model_whose_matmuls_dwarf_its_operators_times_no_second_micro_batch(
 
     model = tmp_path / "wide.py"
     model.write_text(WIDE)
-    first, second = short_profiles(model, per_rank=8, device="cpu")
-    assert second is None and first.config.batch_size == 2
+    first = short_profiles(model, per_rank=8, device="cpu")
+    assert first.second is None and first.config.batch_size == 2
     assert "no timed steps at a second micro-batch" in capsys.readouterr().err
 
     class Count(TorchDispatchMode):
