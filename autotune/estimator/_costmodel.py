@@ -167,6 +167,26 @@ class BaselineTime:
             backward_fixed=self.backward_fixed * factor,
         )
 
+    def precision_scaled(self, factor: float) -> BaselineTime:
+        """The same step with its matmuls in another dtype, ``factor`` the ratio of the two
+        precisions' forward and backward measured at the baseline's micro-batch: the parts per
+        micro-batch (operators' dispatch, which a dtype does not change) as they are, the parts
+        per sample scaled so that forward and backward at the baseline's micro-batch come
+        ``factor`` times the baseline's; all of it scaled alike (:meth:`compute_scaled`) where
+        there is no part per micro-batch, or where the measured ratio asks for less than it."""
+        fixed = self.forward_fixed + self.backward_fixed
+        per_sample = self.forward + self.backward - fixed
+        if factor == 1.0 or fixed <= 0.0 or per_sample <= 0.0:
+            return self.compute_scaled(factor)
+        scale = (factor * (fixed + per_sample) - fixed) / per_sample
+        if scale <= 0.0:
+            return self.compute_scaled(factor)
+        return replace(
+            self,
+            forward=self.forward_fixed + (self.forward - self.forward_fixed) * scale,
+            backward=self.backward_fixed + (self.backward - self.backward_fixed) * scale,
+        )
+
     def on_cores(self, factor: float) -> BaselineTime:
         """The compute phases (forward, backward, optimizer, recompute) ``factor`` times longer:
         a rank given ``1 / factor`` of the cores the baseline ran on; data loading unchanged."""

@@ -215,8 +215,9 @@ def _step_ratio(
         factor, note = _precision_factor(facts, reference.precision, plan.precision)
         if factor is None:
             return None, None, None, note
-        base = replace(base.compute_scaled(factor),
-                       block_share=measured_block_share(facts, plan.precision))  # fmt: skip
+        scaled = base.precision_scaled(factor)
+        note = f"{note}{_fixed_kept(base, scaled)}"
+        base = replace(scaled, block_share=measured_block_share(facts, plan.precision))
     host_seconds, why = host_step
     if source == "measured" and why:
         return None, None, None, why
@@ -277,6 +278,17 @@ def _precision_factor(facts: ModelFacts, measured: str, plan: str) -> tuple[floa
         f"their matmuls ({share:.0%} of them at the device's peak) at the profile's measured "
         f"bf16:fp32 matmul speed ({ratio:.2f}), the rest and the optimizer's fp32 step unchanged"
     )
+
+
+def _fixed_kept(base: cm.BaselineTime, scaled: cm.BaselineTime) -> str:
+    """What the precision note adds where :meth:`BaselineTime.precision_scaled` kept the parts
+    per micro-batch ("" where it scaled all of it alike)."""
+    fixed = base.forward_fixed + base.backward_fixed
+    if scaled is base or fixed <= 0.0 or scaled.forward_fixed + scaled.backward_fixed != fixed:
+        return ""
+    per_sample = (scaled.forward + scaled.backward - fixed) / (base.forward + base.backward - fixed)
+    return (f" at micro-batch {base.micro_batch}: its {fixed * 1e3:.1f} ms a micro-batch of "
+            f"operators' own cost as measured, the part per sample x{per_sample:.2f}")  # fmt: skip
 
 
 def cpu_core_share(facts: ModelFacts, plan: Plan) -> float:

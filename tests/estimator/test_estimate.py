@@ -360,6 +360,38 @@ def test_a_record_carrying_its_second_batch_predicts_as_the_two_profiles_do() ->
     assert ratio == pytest.approx(1.6)  # 0.05 + (0.1 + 0.4) + (0.15 + 0.8) + 0.1, over 1.0
 
 
+@pytest.mark.parametrize(("ratio", "at"), [
+    # bf16 twice fp32's at micro-batch 4 (an AVX2 CPU, no bf16 matmuls): the fixed 0.25 s
+    # (forward 0.1, backward 0.15) kept, the 0.6 s per sample x(2 * 0.85 - 0.25) / 0.6
+    (2.0, {2: 0.25 + 0.3 * 1.45 / 0.6, 4: 1.7, 8: 0.25 + 1.2 * 1.45 / 0.6}),
+    # bf16 at 0.2x fp32's: 0.17 s, less than the fixed 0.25 s alone: all of it scaled alike
+    (0.2, {2: 0.2 * 0.55, 4: 0.17, 8: 0.2 * 1.45}),
+])  # fmt: skip
+def test_another_precision_scales_the_part_per_sample_as_the_profile_measured(
+    ratio: float, at: dict[int, float]
+) -> None:
+    """The profile's bf16-over-fp32 ratio is of its own micro-batch (4). With the fit's fixed
+    part per micro-batch (the operators' dispatch, which a dtype does not change), another
+    precision scales the part per sample so the profiled micro-batch keeps the measured ratio;
+    other micro-batches follow the line. Forward and backward of the hand fit: 0.25 s fixed and
+    0.15 s a sample; data 0.05 s fixed, optimizer 0.1 s."""
+    half = _with_time(make_profile(batch=2), dataloader=0.05, forward=0.2, backward=0.35)
+    record = make_profile(batch=4).model_copy(
+        update={"second": TimedSteps(config=half.config, time=half.time)}
+    )
+    time = record.time.model_copy(update={"bf16_over_fp32": ratio})
+    facts = facts_from_profile(record.model_copy(update={"time": time}))
+    for batch, compute in at.items():
+        bf16 = estimate_plan(facts, Plan(micro_batch=batch, precision="bf16"))
+        assert bf16.predicted_step_seconds == pytest.approx(0.05 + compute + 0.1), batch
+    bf16 = estimate_plan(facts, Plan(micro_batch=4, precision="bf16"))
+    kept = [n for n in bf16.notes if "operators' own cost as measured" in n]
+    if ratio > 1:
+        assert len(kept) == 1 and "250.0 ms" in kept[0] and "x2.42" in kept[0], kept
+    else:
+        assert not kept, kept
+
+
 def test_profile_with_checkpointing_measures_the_recompute_cost() -> None:
     base = make_profile(batch=4)
     ckpt = _with_time(make_profile(batch=4, checkpointing=True), forward=0.3, backward=0.79)
