@@ -54,6 +54,13 @@ class TrialSettings(_Record):
     max_measure_s: float = Field(
         default=15.0, gt=0, description="cap on seconds of measured steps (with a width)"
     )
+    stop_slower_than_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="stop measuring (after `steps`, before the width or the caps) once the "
+        "median step time's interval lies wholly above this many seconds: the plan is slower "
+        "than the best measured, and more steps would only say by how much; None: no such stop",
+    )
     measure_peak: bool = Field(
         default=True,
         description="measure each rank's peak on a CPU (where: peak_step; False: a re-run of a "

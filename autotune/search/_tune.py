@@ -29,7 +29,7 @@ from autotune.search._compare import (
 from autotune.search._final import final_comparison
 from autotune.search._knobs import leaner_plan, unpaid_knob
 from autotune.search._outcome import classify_outcome, outcome_reason
-from autotune.search._records import Role, TrialRecord, TuneRecord, WallTime
+from autotune.search._records import RUN_SPREAD, Role, TrialRecord, TuneRecord, WallTime
 from autotune.search._runner import TrialRunner
 from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
 from autotune.search._steer import predicted_front, slower_than_best
@@ -289,7 +289,9 @@ class _Search:
             reason = self._unpaid_reason(plan, role, others)
         if reason is None and role not in ("policy", "unchanged", "baseline", "neighbour"):
             reason = slower_than_best(prediction, others)
-        fields: dict[str, Any] = {"reason": reason} if reason is not None else self._measure(plan)
+        fields: dict[str, Any] = (
+            {"reason": reason} if reason is not None else self._measure(plan, role, others)
+        )
         if prediction is not None:
             fields.update(predicted_peak_bytes=prediction.peak_bytes,
                           prediction_source=prediction.source,
@@ -337,13 +339,13 @@ class _Search:
         _study.enqueue(self.study, self.space, unpaid.twin, queued)
         return unpaid.reason
 
-    def _measure(self, plan: Plan) -> dict[str, Any]:
+    def _measure(self, plan: Plan, role: str, others: list[TrialRecord]) -> dict[str, Any]:
         # Once a trial has swept the link, the others need not (~1 s each): one is used.
-        settings = (
-            self.settings
-            if self.link is None
-            else self.settings.model_copy(update={"sweep_link": False})
-        )
+        update: dict[str, Any] = {} if self.link is None else {"sweep_link": False}
+        behind = None if role == "baseline" else stop_slower_than(others)
+        if behind is not None:
+            update["stop_slower_than_s"] = behind[0]
+        settings = self.settings.model_copy(update=update) if update else self.settings
         report = self.runner.run(plan, settings)
         outcome = classify_outcome(
             report.returncode, report.timed_out, report.result, report.stderr_tail
@@ -366,7 +368,29 @@ class _Search:
                 fields.update(samples_per_s=result.samples_per_s, tokens_per_s=result.tokens_per_s)
         if result is not None and result.link is not None:
             fields["link"] = result.link.model_dump(mode="json")
+        interval = result.step_interval if result is not None else None
+        if outcome == "ok" and behind is not None and interval and interval[0] > behind[0]:
+            count = len(result.step_times) if result is not None else 0
+            fields["reason"] = (
+                f"stopped after {count} measured step(s): the median's interval "
+                f"({interval[0]:.3g}-{interval[1]:.3g} s) lay above {behind[0]:.3g} s, the top "
+                f"of trial {behind[1]}'s (the best measured) and {RUN_SPREAD:.1%} between runs"
+            )  # fmt: skip
         return fields
+
+
+def stop_slower_than(records: list[TrialRecord]) -> tuple[float, int] | None:
+    """The step time above which a trial stops measuring, and the trial it comes from: the best
+    measured plan's interval's top, :data:`RUN_SPREAD` (one run's spread from its plan's median)
+    above it: a plan whose steps all come above it is slower than that plan beyond the spread
+    between runs, so more of its steps cannot make it the pick. ``None`` before any plan was
+    measured. The baseline is always measured to its interval (the speedup's denominator)."""
+    measured = [r for r in records if r.outcome == "ok" and r.samples_per_s and r.step_interval]
+    if not measured:
+        return None
+    best = max(measured, key=lambda r: r.samples_per_s or 0.0)
+    assert best.step_interval is not None
+    return best.step_interval[1] * (1 + RUN_SPREAD), best.number
 
 
 def tune(

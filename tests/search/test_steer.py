@@ -295,3 +295,40 @@ def test_a_worker_that_stops_on_the_predictions_waits_for_another_workers_trial(
     assert any(note.startswith("stopped after") for note in record.notes)
     assert not any("still running on other workers" in note for note in record.notes)
     assert record.recommendation is not None
+
+
+def test_a_trial_is_told_the_best_measured_step_time_and_says_when_it_stopped_on_it(
+    tmp_path: Path,
+) -> None:
+    """Each trial after the first measured one runs with ``stop_slower_than_s``: the best
+    measured plan's step-time interval's top, 5.5 % (the spread between runs) above it; the
+    baseline, the speedup's denominator, is measured in full. A trial whose steps all came
+    above it records why it stopped."""
+    seen: list[tuple[Plan, float | None]] = []
+    returned: list[tuple[float, float]] = []  # (samples/s, interval top) of each run so far
+
+    def told(plan: Plan, settings: TrialSettings) -> TrialResult:
+        seen.append((plan, settings.stop_slower_than_s))
+        seconds = step_seconds(plan)
+        returned.append((plan.global_batch / seconds, seconds * 1.02))
+        return TrialResult(completed_steps=4, samples_per_s=plan.global_batch / seconds,
+                           step_time=seconds, step_times=[seconds] * 3,
+                           step_interval=(seconds * 0.98, seconds * 1.02),
+                           peak_memory_bytes=[1000], peak_source="fake", reused=True,
+                           first_step_at=None)  # fmt: skip
+
+    record = _tune(tmp_path, FakeRunner(told), trials=8)
+    baseline = Plan(micro_batch=1, grad_accum=16, nproc_per_node=2)
+    assert seen[0][1] is None  # nothing measured before the first
+    for index, (plan, bound) in enumerate(seen[1:], start=1):
+        if plan == baseline:
+            assert bound is None
+            continue
+        best_top = max(returned[:index])[1]  # the fastest run before this one
+        assert bound == pytest.approx(best_top * 1.055), plan.describe()
+    stopped = [t for t in record.trials if (t.reason or "").startswith("stopped after 3")]
+    assert stopped  # the made-up machine's ZeRO-3 and accumulation plans are well behind
+    for trial in stopped:
+        assert trial.outcome == "ok" and trial.step_interval is not None
+        assert "the best measured" in (trial.reason or "")
+    assert all(t.reason is None for t in record.trials if t.plan == baseline)

@@ -217,14 +217,21 @@ class Steps:
         return self._enough(measuring_s)
 
     def _enough(self, measuring_s: float) -> bool:
-        """Fixed count without a width; else until the median is known or a cap is hit."""
+        """Fixed count without a width; else until the median is known, a cap is hit, or (after
+        ``steps``) the median's interval lies above ``stop_slower_than_s``."""
         settings, count = self.spec.settings, len(self.times)
         if settings.interval_width is None:
             return count >= settings.steps
         if count >= settings.max_steps or measuring_s >= settings.max_measure_s:
             return True
+        if count >= settings.steps and self.behind(settings.stop_slower_than_s):
+            return True
         width = relative_half_width(self.times)
         return count >= settings.steps and width is not None and width <= settings.interval_width
+
+    def behind(self, seconds: float | None) -> bool:
+        """Whether the median step time's interval lies wholly above ``seconds``."""
+        return seconds is not None and bool(self.times) and median_interval(self.times)[0] > seconds
 
     @property
     def interval(self) -> tuple[float, float] | None:
