@@ -167,25 +167,27 @@ class BaselineTime:
             backward_fixed=self.backward_fixed * factor,
         )
 
-    def precision_scaled(self, factor: float) -> BaselineTime:
+    def precision_scaled(self, factor: float) -> tuple[BaselineTime, float | None]:
         """The same step with its matmuls in another dtype, ``factor`` the ratio of the two
         precisions' forward and backward measured at the baseline's micro-batch: the parts per
         micro-batch (operators' dispatch, which a dtype does not change) as they are, the parts
         per sample scaled so that forward and backward at the baseline's micro-batch come
         ``factor`` times the baseline's; all of it scaled alike (:meth:`compute_scaled`) where
-        there is no part per micro-batch, or where the measured ratio asks for less than it."""
+        there is no part per micro-batch, or where the measured ratio asks for less than it.
+        With the scale of the parts per sample, ``None`` where all of it was scaled alike."""
         fixed = self.forward_fixed + self.backward_fixed
         per_sample = self.forward + self.backward - fixed
         if factor == 1.0 or fixed <= 0.0 or per_sample <= 0.0:
-            return self.compute_scaled(factor)
+            return self.compute_scaled(factor), None
         scale = (factor * (fixed + per_sample) - fixed) / per_sample
         if scale <= 0.0:
-            return self.compute_scaled(factor)
-        return replace(
+            return self.compute_scaled(factor), None
+        scaled = replace(
             self,
             forward=self.forward_fixed + (self.forward - self.forward_fixed) * scale,
             backward=self.backward_fixed + (self.backward - self.backward_fixed) * scale,
         )
+        return scaled, scale
 
     def on_cores(self, factor: float) -> BaselineTime:
         """The compute phases (forward, backward, optimizer, recompute) ``factor`` times longer:

@@ -215,8 +215,8 @@ def _step_ratio(
         factor, note = _precision_factor(facts, reference.precision, plan.precision)
         if factor is None:
             return None, None, None, note
-        scaled = base.precision_scaled(factor)
-        note = f"{note}{_fixed_kept(base, scaled)}"
+        scaled, per_sample = base.precision_scaled(factor)
+        note = f"{note}{_fixed_kept(base, per_sample)}"
         base = replace(scaled, block_share=measured_block_share(facts, plan.precision))
     host_seconds, why = host_step
     if source == "measured" and why:
@@ -280,13 +280,13 @@ def _precision_factor(facts: ModelFacts, measured: str, plan: str) -> tuple[floa
     )
 
 
-def _fixed_kept(base: cm.BaselineTime, scaled: cm.BaselineTime) -> str:
+def _fixed_kept(base: cm.BaselineTime, per_sample: float | None) -> str:
     """What the precision note adds where :meth:`BaselineTime.precision_scaled` kept the parts
-    per micro-batch ("" where it scaled all of it alike)."""
-    fixed = base.forward_fixed + base.backward_fixed
-    if scaled is base or fixed <= 0.0 or scaled.forward_fixed + scaled.backward_fixed != fixed:
+    per micro-batch and scaled the parts per sample by ``per_sample`` (``None``: it scaled all
+    of it alike, and the note adds nothing)."""
+    if per_sample is None:
         return ""
-    per_sample = (scaled.forward + scaled.backward - fixed) / (base.forward + base.backward - fixed)
+    fixed = base.forward_fixed + base.backward_fixed
     return (f" at micro-batch {base.micro_batch}: its {fixed * 1e3:.1f} ms a micro-batch of "
             f"operators' own cost as measured, the part per sample x{per_sample:.2f}")  # fmt: skip
 

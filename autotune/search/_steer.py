@@ -1,5 +1,6 @@
-"""How the cost model steers the search (pure): the predicted front the study starts from, and
-the rule that skips a plan predicted slower than the best measured one beyond the error bar.
+"""How the cost model and the measured trials steer the search (pure): the predicted front the
+study starts from, the rule that skips a plan predicted slower than the best measured one beyond
+the error bar, and the step time above which a trial stops measuring.
 
 Every plan of a study keeps the global batch, so throughput is inversely proportional to
 step time and the estimate's step-time ratios rank plans directly.
@@ -89,6 +90,20 @@ def slower_than_best(prediction: Prediction | None, records: list[TrialRecord]) 
     return (f"predicted x{relative:.2f} the step time of the best measured plan (trial "
             f"{best.number}), beyond the estimate's error bar of {bar:.0%} and that trial's "
             f"measurement noise of {noise:.0%}")  # fmt: skip
+
+
+def stop_slower_than(records: list[TrialRecord]) -> tuple[float, int] | None:
+    """The step time above which a trial stops measuring, and the trial it comes from: the best
+    measured plan's interval's top, :data:`RUN_SPREAD` (one run's spread from its plan's median)
+    above it: a plan whose steps all come above it is slower than that plan beyond the spread
+    between runs, so more of its steps cannot make it the pick. ``None`` before any plan was
+    measured. The baseline is always measured to its interval (the speedup's denominator)."""
+    measured = [r for r in records if r.outcome == "ok" and r.samples_per_s and r.step_interval]
+    if not measured:
+        return None
+    best = max(measured, key=lambda r: r.samples_per_s or 0.0)
+    assert best.step_interval is not None
+    return best.step_interval[1] * (1 + RUN_SPREAD), best.number
 
 
 def _noise(record: TrialRecord) -> float:

@@ -32,7 +32,7 @@ from autotune.search._outcome import classify_outcome, outcome_reason
 from autotune.search._records import RUN_SPREAD, Role, TrialRecord, TuneRecord, WallTime
 from autotune.search._runner import TrialRunner
 from autotune.search._space import Predict, Prediction, SearchSpace, make_space, oom_lesson
-from autotune.search._steer import predicted_front, slower_than_best
+from autotune.search._steer import predicted_front, slower_than_best, stop_slower_than
 
 
 @dataclass(frozen=True)
@@ -377,20 +377,6 @@ class _Search:
                 f"of trial {behind[1]}'s (the best measured) and {RUN_SPREAD:.1%} between runs"
             )  # fmt: skip
         return fields
-
-
-def stop_slower_than(records: list[TrialRecord]) -> tuple[float, int] | None:
-    """The step time above which a trial stops measuring, and the trial it comes from: the best
-    measured plan's interval's top, :data:`RUN_SPREAD` (one run's spread from its plan's median)
-    above it: a plan whose steps all come above it is slower than that plan beyond the spread
-    between runs, so more of its steps cannot make it the pick. ``None`` before any plan was
-    measured. The baseline is always measured to its interval (the speedup's denominator)."""
-    measured = [r for r in records if r.outcome == "ok" and r.samples_per_s and r.step_interval]
-    if not measured:
-        return None
-    best = max(measured, key=lambda r: r.samples_per_s or 0.0)
-    assert best.step_interval is not None
-    return best.step_interval[1] * (1 + RUN_SPREAD), best.number
 
 
 def tune(
