@@ -28,7 +28,8 @@ def agent_command(
         from autotune.api import serve_agent
 
         def say(line: str) -> None:
-            err_console.get().print(f"autotune agent: {line}", highlight=False)
+            err_console.print(f"autotune agent: {line}", markup=False, highlight=False,
+                              soft_wrap=True)  # fmt: skip
 
         served = serve_agent(storage, study, idle_timeout_s=idle_timeout, workdir=workdir, say=say)
         say(f"{served} trial launch(es) run")

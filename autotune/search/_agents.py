@@ -30,11 +30,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.records import JOIN_TIMEOUT_S, AutotuneError, EntryPoints, Plan, TrialSettings
+from autotune.records import (
+    JOIN_TIMEOUT_S,
+    AutotuneError,
+    EntryPoints,
+    Plan,
+    TrialSettings,
+    redact,
+)
 from autotune.search import _study
 from autotune.search._records import RunReport
 from autotune.search._runner import SubprocessRunner, TrialRunner, torchrun_logs
 from autotune.search._storage_errors import lost_a_race, storage_error
+from autotune.search._waits import Notice
 
 JOB_KEY = "autotune:job"
 REPORT_PREFIX = "autotune:report:"
@@ -157,7 +165,7 @@ class AgentRunner(TrialRunner):
             "nnodes": self.nnodes, "nproc": self.nproc, "rdzv_endpoint": self.endpoint,
             "join_timeout": self.join_timeout_s, "versions": versions(), "posted": time.time(),
         }  # fmt: skip
-        start = time.monotonic()
+        start, notice = time.monotonic(), Notice()
         self.study.set_user_attr(JOB_KEY, job)
         # Every node must take the job within the join timeout; then the trial has its own.
         joined_by = start + self.join_timeout_s + 5 * self.poll_s
@@ -172,6 +180,10 @@ class AgentRunner(TrialRunner):
                 break
             if time.monotonic() > joined_by and len(took) < self.nnodes:
                 break
+            if len(took) < self.nnodes:
+                notice.due(f"launch {job['id']}: {len(took)} of {self.nnodes} node(s) took it; "
+                           f"waiting up to {self.join_timeout_s:.0f} s (--join-timeout-s) for an "
+                           f"`autotune agent --study {self.study_name}` on each of the others")  # fmt: skip
             time.sleep(self.poll_s)
         return merge_reports(reports, job, time.monotonic() - start, took)
 
@@ -236,7 +248,9 @@ def serve(storage: str | None, study_name: str, *, entry_points: EntryPoints,
         AutotuneError: the storage cannot be opened.
     """
     tell = say or (lambda line: None)
-    study = _wait_for_study(storage, study_name, idle_timeout_s, poll_s)
+    study = _wait_for_study(storage, study_name, idle_timeout_s, poll_s, tell)
+    tell(f"waiting for the launches of study {study_name} (exits after {idle_timeout_s:.0f} s "
+         "without one)")  # fmt: skip
     stale = _stale_at_start(study.user_attrs.get(JOB_KEY) or {})
     served, last = 0, time.monotonic()
     me = f"{socket.gethostname()}:{os.getpid()}"
@@ -266,19 +280,24 @@ def _stale_at_start(job: dict[str, Any]) -> str | None:
     return None if not job or (fresh and not job.get("stop")) else str(job.get("id"))
 
 
-def _wait_for_study(storage: str | None, name: str, timeout_s: float, poll_s: float) -> Any:
+def _wait_for_study(storage: str | None, name: str, timeout_s: float, poll_s: float,
+                    tell: Callable[[str], None]) -> Any:  # fmt: skip
     import optuna
 
     url = _study.check_storage(storage)
-    deadline = time.monotonic() + timeout_s
+    deadline, told = time.monotonic() + timeout_s, False
     while True:
         try:
             return optuna.load_study(study_name=name, storage=url)
         except KeyError:  # the asker is still profiling
             if time.monotonic() > deadline:
                 raise AutotuneError(
-                    f"--study {name}: not in {url} after {timeout_s:.0f} s"
+                    f"--study {name}: not in {redact(url)} after {timeout_s:.0f} s"
                 ) from None
+            if not told:
+                told = True
+                tell(f"study {name} is not in {redact(url)} yet (its `autotune tune` creates it "
+                     f"after profiling): waiting up to {timeout_s:.0f} s")  # fmt: skip
         except Exception as exc:  # unreachable server, wrong host, bad credentials
             if not lost_a_race(exc):  # agents starting together race to create the schema
                 raise storage_error(url, exc) from None

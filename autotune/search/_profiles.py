@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from autotune.records import ProfileRecord, TimedSteps
 from autotune.search import _study
-from autotune.search._waits import NOTICE_AFTER_S, say
+from autotune.search._waits import Notice
 
 ATTR = "autotune:profiles"
 """The study user attribute holding ``{profile, by}`` (the profile carrying its timed second
@@ -66,17 +66,14 @@ def shared_profiles(
         return stored, f"profiles read from the study (measured by {stored.by}): none taken here"
     mine = Profiles(measure(), _study.worker_name())
     if not _study.claim(study, f"{study.study_name}:profiles"):  # another worker profiled first
-        began = time.monotonic()
-        told = False
+        began, notice = time.monotonic(), Notice()
         while time.monotonic() < began + wait_s:
             stored = read(study)
             if stored is not None:
                 return stored, (f"profiles read from the study (measured by {stored.by}, who "
                                 "claimed them first): this worker's own are not used")  # fmt: skip
-            if not told and time.monotonic() - began > NOTICE_AFTER_S:
-                told = True
-                say(f"waiting up to {wait_s:.0f} s for the study's profiles from the worker "
-                    "that claimed them")  # fmt: skip
+            notice.due(f"waiting up to {wait_s:.0f} s for the study's profiles from the "
+                       "worker that claimed them")  # fmt: skip
             time.sleep(0.2)
         return mine, (f"the study's profiles were claimed but not stored within {wait_s:.0f} s: "
                       "this worker predicts with its own")  # fmt: skip

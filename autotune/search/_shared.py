@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from autotune.search import _study
+from autotune.search._waits import Notice
 
 
 class Heartbeat:
@@ -79,7 +80,7 @@ def settle(study: Any, notes: list[str], max_wait_s: float, poll_s: float | None
     from optuna.trial import TrialState as State
 
     poll = poll_s if poll_s is not None else min(2.0, _study.heartbeat_interval(study) or 1.0)
-    deadline = time.monotonic() + max_wait_s
+    deadline, notice = time.monotonic() + max_wait_s, Notice()
     while True:
         recover(study, notes)
         if retries_waiting(study):
@@ -87,6 +88,9 @@ def settle(study: Any, notes: list[str], max_wait_s: float, poll_s: float | None
         running = study.get_trials(deepcopy=False, states=(State.RUNNING,))
         if not running:
             return False
+        notice.due(f"waiting up to {max_wait_s:.0f} s for trial(s) "
+                   f"{_workers(running)} of other workers to finish, so that every worker "
+                   "recommends from the same trials")  # fmt: skip
         if time.monotonic() > deadline:
             numbers = ", ".join(str(t.number) for t in running)
             notes.append(
@@ -94,3 +98,15 @@ def settle(study: Any, notes: list[str], max_wait_s: float, poll_s: float | None
             )
             return False
         time.sleep(poll)
+
+
+def _workers(trials: list[Any]) -> str:
+    """Trials with the worker running each, as its heartbeat's attributes name it."""
+    named = []
+    for trial in trials:
+        attrs = trial.user_attrs
+        where = (
+            f"pid {attrs['pid']} on {attrs['host']}" if "pid" in attrs and "host" in attrs else ""
+        )
+        named.append(f"{trial.number} ({where})" if where else str(trial.number))
+    return ", ".join(named)

@@ -26,6 +26,21 @@ def say(message: str) -> None:
     print(f"autotune: {message}", file=sys.stderr, flush=True)
 
 
+class Notice:
+    """Tells one line (:func:`say`) once a wait has lasted :data:`NOTICE_AFTER_S`; a shorter
+    wait says nothing."""
+
+    def __init__(self, tell: Callable[[str], None] = say) -> None:
+        self._at = time.monotonic() + NOTICE_AFTER_S
+        self._tell = tell
+
+    def due(self, message: str) -> None:
+        """Tell ``message`` if the wait has lasted long enough and was not told yet."""
+        if time.monotonic() >= self._at:
+            self._at = float("inf")
+            self._tell(message)
+
+
 def host_lock_deadline(timeout_s: float) -> float:
     """How long a launch waits for the host lock of its devices (see :data:`HOST_LOCK_TRIALS`)."""
     return HOST_LOCK_TRIALS * timeout_s + 60.0

@@ -113,3 +113,19 @@ def test_agent_on_an_unreachable_database_says_so_in_one_line() -> None:
     assert result.exit_code == 2, result.output
     assert "cannot open the study: OperationalError" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_an_agent_started_before_its_study_says_what_it_waits_for_and_until_when(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    result = CliRunner().invoke(
+        app, ["agent", "--storage", url, "--study", "s", "--idle-timeout", "1"]
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == [
+        f"autotune agent: study s is not in {url} yet (its `autotune tune` creates it after "
+        "profiling): waiting up to 1 s",
+        f"autotune: --study s: not in {url} after 1 s",
+    ]

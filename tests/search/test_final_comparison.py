@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import optuna
+import pytest
 from _search import run_tune
 
 from autotune.records import Plan
@@ -130,9 +131,12 @@ def test_a_rerun_reads_the_comparison_instead_of_measuring_again(tmp_path: Path)
     assert not any("read from the study" in note for note in third.notes)
 
 
-def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path) -> None:
+def test_a_trial_still_running_elsewhere_holds_the_comparison_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     storage = str(tmp_path / "s.db")
-    options = {"global_batch": 8, "settings": TrialSettings(model_file="m.py", timeout_s=5),
+    # the wait for the other worker's trial: 4 launches' time-out and 3 heartbeats, 7 s
+    options = {"global_batch": 8, "settings": TrialSettings(model_file="m.py", timeout_s=1),
                "blocks": 1, "trials": 2, "storage": storage, "repeats": 1, "heartbeat_s": 1}  # fmt: skip
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=f"sqlite:///{storage}", study_name="autotune",
@@ -147,6 +151,10 @@ def test_a_trial_still_running_elsewhere_holds_the_comparison_off(tmp_path: Path
         assert len(runner.plans) == 2, "the search ran; the comparison did not"
         assert record.comparison is None and record.recommendation is None
         assert any(f"trial(s) {running.number} still running" in n for n in record.notes)
+        # the wait said what it waited for, and for how long at most
+        told = capsys.readouterr().err
+        assert (f"autotune: waiting up to 7 s for trial(s) {running.number} (pid {sleeper.pid} "
+                f"on {socket.gethostname()}) of other workers to finish") in told  # fmt: skip
     finally:
         sleeper.kill()
         sleeper.wait()

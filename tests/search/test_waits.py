@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -127,3 +128,27 @@ def test_a_model_that_hangs_in_the_ranks_ends_at_the_start_up_deadline(tmp_path:
     # Nothing left running: no process started with a folder of this test's TMPDIR.
     assert [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp) in " ".join(
         p.info["cmdline"] or [])] == []  # fmt: skip
+
+
+def test_a_trial_waiting_on_an_earlier_ones_plan_says_so_then_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another worker asked for trial 0 and never named its plan (it died in between): trial 1
+    waits 3 heartbeats for it, says so once the wait is longer than the notice's threshold, and
+    goes on at the deadline."""
+    from autotune.search import _study, _waits
+
+    monkeypatch.setattr(_waits, "NOTICE_AFTER_S", 0.5)
+    study = _study.open_study(f"sqlite:///{tmp_path / 's.db'}", "s", heartbeat_s=1)
+    with warnings.catch_warnings():  # Optuna expects heartbeats with optimize()
+        warnings.simplefilter("ignore", UserWarning)
+        study.ask()  # trial 0, running, no plan
+    start = time.monotonic()
+    _study.wait_for_earlier_plans(study, 1)
+    waited = time.monotonic() - start
+    assert waited >= 3.0, "it went on before the deadline"
+    told = capsys.readouterr().err.splitlines()
+    assert told == [
+        "autotune: trial 1 waits up to 3 s for trial(s) 0 of other workers to name their plans, "
+        "so that two workers do not run one plan"
+    ]
