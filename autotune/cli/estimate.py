@@ -108,7 +108,7 @@ def estimate_command(
     renamed_nodes: int | None = _options.RENAMED_NODES,
     precision: str | None = _options.RENAMED_PRECISION,
 ) -> None:
-    """Predict per-device memory, fit, relative step time and communication of plans.
+    """Predict per-device memory, fit, seconds per step and communication of plans.
 
     Without --plan or --all-plans: the plan `autotune profile` runs with the same
     options. Activation figures come from --profile (measured) or a trace of MODEL

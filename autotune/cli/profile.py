@@ -137,8 +137,12 @@ class _progress:  # noqa: N801 - used as a context manager, reads like a functio
         self._bar.__exit__(None, None, None)
 
 
-def _ratio(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}x"
+def _bf16_speed(ratio: float | None) -> str:
+    """The measured bf16:fp32 matmul speed ratio said as what it is (a speed, not a time)."""
+    if ratio is None:
+        return "bf16 matmuls not timed"
+    shown = f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"  # an AVX2-only CPU: 0.011
+    return f"bf16 matmuls at {shown}x fp32's speed"
 
 
 def _share(part: float, whole: float) -> str:
@@ -223,7 +227,7 @@ def render(record: ProfileRecord) -> Table:
         "device",
         env.device_name,
         f"bf16 {'yes' if caps.bf16_supported else 'no'}, "
-        f"bf16/fp32 matmul {_ratio(caps.bf16_fp32_speed_ratio)} "
+        f"{_bf16_speed(caps.bf16_fp32_speed_ratio)} "
         f"({_flag(flags, BF16_RATIO_FIGURE) or 'measured'}), "
         f"flash-attn {'yes' if caps.flash_attn_available else 'no'}",
     )

@@ -287,8 +287,9 @@ def _fixed_kept(base: cm.BaselineTime, per_sample: float | None) -> str:
     if per_sample is None:
         return ""
     fixed = base.forward_fixed + base.backward_fixed
-    return (f" at micro-batch {base.micro_batch}: its {fixed * 1e3:.1f} ms a micro-batch of "
-            f"operators' own cost as measured, the part per sample x{per_sample:.2f}")  # fmt: skip
+    return (f"; of forward and backward at micro-batch {base.micro_batch}, the "
+            f"{fixed * 1e3:.1f} ms of operators' own cost per micro-batch kept as measured, the "
+            f"part per sample x{per_sample:.2f}")  # fmt: skip
 
 
 def cpu_core_share(facts: ModelFacts, plan: Plan) -> float:
@@ -340,7 +341,8 @@ def estimate_plan(
     reference: Plan | None = None,
     machine: Machine = NO_BUDGET,
 ) -> PlanEstimate:
-    """Predict one plan's per-device memory, fit, relative step time and communication.
+    """Predict one plan's per-device memory, fit, seconds per step (where a profile measured
+    them), step-time ratio to the reference plan, and communication.
 
     Args:
         facts: the model, from a profile or a trace.
@@ -419,13 +421,13 @@ def estimate_plan(
         notes.append(f"step time per micro-batch: {facts.baseline.time_fit}")
     share = cpu_core_share(facts, plan)
     if share != 1.0 and time_source == "measured":
-        base, how = facts.baseline, "linear in threads"
+        base, scaling = facts.baseline, "linear in threads"
         if base is not None and base.one_thread_over_all is not None:
-            how = (f"Amdahl's law through the profile's own: one thread took "
-                   f"x{base.one_thread_over_all:.2f} the time of its {base.threads}")  # fmt: skip
+            scaling = (f"Amdahl's law through the profile's own: one thread took "
+                       f"x{base.one_thread_over_all:.2f} the time of its {base.threads}")  # fmt: skip
         notes.append(
             f"on a CPU device the node's {plan.nproc_per_node} ranks share the cores the profile "
-            f"ran on: each rank's compute is taken as x{share:.3g} the profile's ({how})"
+            f"ran on: each rank's compute is taken as x{share:.3g} the profile's ({scaling})"
         )
     if host_step[0] is not None and time_source == "measured":
         notes.append(

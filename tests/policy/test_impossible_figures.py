@@ -83,7 +83,7 @@ def test_the_profile_table_marks_flagged_figures() -> None:
     console.print(render(_profile(56.74, 1.612)))
     text = console.export_text()
     assert "161.2% (flagged)" in text and "impossible: MFU 161.2% > 100%" in text
-    assert "56.74x (flagged, impossible" in text
+    assert "bf16 matmuls at 56.74x fp32's speed (flagged, impossible" in text
 
 
 def test_the_report_shows_an_old_record_s_impossible_mfu_as_flagged() -> None:
