@@ -115,7 +115,7 @@ def confirm_command(
             print_json(record)
             return
         render(record)
-        console.print(f"session log written to {output}")
+        console.print(f"session log written to {output}", markup=False, soft_wrap=True)
 
 
 def render(record: object) -> None:
@@ -123,7 +123,7 @@ def render(record: object) -> None:
     from autotune.confirm import ConfirmRecord
 
     assert isinstance(record, ConfirmRecord)
-    console.print(f"baseline: {record.baseline.describe()}", soft_wrap=True)
+    console.print(f"baseline: {record.baseline.describe()}", markup=False, soft_wrap=True)
     for index, step in enumerate(record.steps, 1):
         change = ", ".join(f"{knob}={value}" for knob, value in step.change.items())
         pred = step.predicted.step_time_ratio
@@ -149,9 +149,9 @@ def render(record: object) -> None:
                 f"   loss: {got.loss_before:.4f} -> {got.loss_after:.4f} (relative change {delta})"
             )
         console.print("\n".join(lines), soft_wrap=True, markup=False, highlight=False)
-    console.print(f"final plan: {record.final_plan.describe()}", soft_wrap=True)
+    console.print(f"final plan: {record.final_plan.describe()}", markup=False, soft_wrap=True)
     for note in record.notes:
-        console.print(f"note: {note}", soft_wrap=True)
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
 
 
 def _how(source: str | None) -> str:

@@ -68,7 +68,7 @@ def profile_command(
                 print_json(record)
             else:
                 print_table(render(record))
-                console.print(f"[dim]record written to {out}[/dim]")
+                console.print(f"record written to {out}", style="dim", markup=False, soft_wrap=True)
         return
     with user_errors(), _source.model_source(model, hf_config, hf_model, seq_len, task) as source:
         check_output(out, "--out")
@@ -106,7 +106,7 @@ def profile_command(
             print_json(record)
         else:
             print_table(render(record))
-            console.print(f"[dim]record written to {out}[/dim]")
+            console.print(f"record written to {out}", style="dim", markup=False, soft_wrap=True)
 
 
 class _progress:  # noqa: N801 - used as a context manager, reads like a function

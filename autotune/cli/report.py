@@ -60,7 +60,7 @@ def report(
             print_json(record)
             return
         for note in record.notes:
-            err_console.print(f"note: {note}", markup=False)
+            err_console.print(f"note: {note}", markup=False, soft_wrap=True)
         shown = ", ".join(record.figures) or "no figures"
         typer.echo(f"wrote {record.out} ({shown})")
         for path in record.png_files:

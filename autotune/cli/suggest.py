@@ -83,11 +83,13 @@ def suggest_command(
 
 def render(record: object) -> None:
     """Print the next change first, then the rest of the ordered plan, one block each."""
+    from rich.text import Text
+
     from autotune.policy import SuggestRecord
 
     assert isinstance(record, SuggestRecord)
-    console.print(f"baseline plan: {record.baseline.describe()}", soft_wrap=True)
-    console.print(f"policy: {record.policy}", soft_wrap=True)
+    console.print(f"baseline plan: {record.baseline.describe()}", markup=False, soft_wrap=True)
+    console.print(f"policy: {record.policy}", markup=False, soft_wrap=True)
     console.print(_budget(record), soft_wrap=True, markup=False)
     if not record.suggestions:
         console.print("nothing to suggest: no rule of the policy applies to this profile")
@@ -101,7 +103,6 @@ def render(record: object) -> None:
             for name, fact in item.evidence.items()
         )
         lines = [
-            f"[bold]{title}: {item.rule}[/bold]: {change}",
             f"  evidence: {evidence}",
             f"  predicted: {_predicted(item.predicted)}",
             f"  why: {item.reason}",
@@ -115,10 +116,13 @@ def render(record: object) -> None:
                 f"  or with PyTorch's FSDP2: {item.fsdp2_alternative} "
                 f"(autotune config --plan '{item.fsdp2_alternative}')"
             )
-        console.print("\n".join(lines), soft_wrap=True, markup=True, highlight=False)
-    console.print(f"final plan: {record.final_plan.describe()}", soft_wrap=True)
+        # a policy's own words (its rules, reasons) are printed as written, never read as markup
+        head = Text.assemble((f"{title}: {item.rule}", "bold"), f": {change}")
+        console.print(head, soft_wrap=True, highlight=False)
+        console.print("\n".join(lines), soft_wrap=True, markup=False, highlight=False)
+    console.print(f"final plan: {record.final_plan.describe()}", markup=False, soft_wrap=True)
     for note in record.notes:
-        console.print(f"note: {note}", soft_wrap=True)
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
 
 
 def _predicted(pred: object) -> str:

@@ -279,11 +279,11 @@ def render(record: Any, written: list[Path]) -> None:
     print_table(table)
     _render_recommendation(record)
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", markup=False, soft_wrap=True)
     for note in record.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
     if record.wall_time is not None:
-        console.print(f"wall time: {record.wall_time.describe()}", soft_wrap=True)
+        console.print(f"wall time: {record.wall_time.describe()}", markup=False, soft_wrap=True)
 
 
 def _how_measured(comparison: Any, index: int) -> str:
@@ -313,10 +313,11 @@ def _render_recommendation(record: Any) -> None:
         how = _how_measured(comparison, index)
         console.print(f"{mark} {label}: {measured.plan.describe()}: {measured.samples_per_s:.2f} samples/s"
                       f"{spread}{tokens}, peak {format_bytes(measured.peak_memory_bytes)} "
-                      f"({how})")  # fmt: skip
+                      f"({how})", markup=False, soft_wrap=True)  # fmt: skip
     if rec.speedup is not None and rec.speedup_interval is not None:
         low, high = rec.speedup_interval
         console.print(
-            f"speedup over the baseline: {rec.speedup:.2f}x [{low:.2f}, {high:.2f}] (measured)"
+            f"speedup over the baseline: {rec.speedup:.2f}x [{low:.2f}, {high:.2f}] (measured)",
+            markup=False,
         )
-    console.print(f"recommended plan (*): {rec.plan.describe()}")
+    console.print(f"recommended plan (*): {rec.plan.describe()}", markup=False, soft_wrap=True)
