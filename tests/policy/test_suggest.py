@@ -221,6 +221,24 @@ def test_cli_table_and_errors(tmp_path: Path) -> None:
     assert rejected.exit_code == 2 and "unknown fact 'nope'" in rejected.stderr
 
 
+def test_a_policys_own_words_are_printed_as_written(tmp_path: Path) -> None:
+    """A rule's reason with brackets (a user's policy file) is shown verbatim: Rich would read
+    "[/x]" as a closing tag and fail, and drop "[data]" as a style."""
+    from autotune import policy
+
+    path = write_record(tmp_path / "p.json", synthetic_profile(dataloader=0.5))
+    default = (Path(policy.__file__).parent / "default.toml").read_text()
+    said = "The step waits for data [see runbook/x], [/x] then [bold]workers[/bold]."
+    mine = tmp_path / "mine.toml"
+    mine.write_text(default.replace(
+        'reason = "The step waits for data: more DataLoader workers (and pinned memory, prefetch) '
+        'before any other change."', f"reason = {json.dumps(said)}"))  # fmt: skip
+    assert said in mine.read_text()
+    result = CliRunner().invoke(app, ["suggest", str(path), "--policy", str(mine)])
+    assert result.exit_code == 0, result.output
+    assert f"  why: {said}" in result.stdout
+
+
 def test_suggest_runs_with_torch_unimportable(tmp_path: Path) -> None:
     path = write_record(tmp_path / "p.json", synthetic_profile(dataloader=0.5))
     code = (
