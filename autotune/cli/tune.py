@@ -64,7 +64,7 @@ def tune_command(
     command: list[str] | None = typer.Argument(None, show_default=False, help="After --: your own launch command (python train.py ..., torchrun ..., accelerate launch ..., deepspeed ...), run unchanged in each trial with the plan injected (instead of MODEL)."),
     arg_map: list[str] = typer.Option([], "--arg-map", help="With -- COMMAND: KEY=--flag, the script flag that takes a DeepSpeed config key's value, e.g. train_micro_batch_size_per_gpu=--batch-size (repeatable)."),
 ) -> None:  # fmt: skip
-    """Search micro-batch, checkpointed blocks and ZeRO stage with real trials; recommend the fastest.
+    """Search precision, micro-batch, checkpointing, ZeRO stage and engine with real trials; recommend the fastest.
 
     Roles: this command asks the study (Optuna, in --storage) for plans and records what they measured. With --nnodes 1 it also launches each trial here (torchrun for --nproc-per-node ranks); several copies on one --storage and --study share the study, each running its own trials (on one machine, start each with its own CUDA_VISIBLE_DEVICES or taskset -c CPUS).
 
