@@ -127,7 +127,7 @@ class AgentRunner(TrialRunner):
         if nnodes < 2:
             raise AutotuneError(f"--nnodes: agents are for 2 or more nodes, got {nnodes}")
         if join_timeout_s <= 0:
-            raise AutotuneError(f"--join-timeout: must be positive, got {join_timeout_s}")
+            raise AutotuneError(f"--join-timeout-s: must be positive, got {join_timeout_s}")
         parse_endpoint(rdzv_endpoint)
         self.storage, self.study_name = storage, study_name
         self.nnodes, self.nproc, self.endpoint = nnodes, nproc, rdzv_endpoint

@@ -80,7 +80,7 @@ class _Group:
             if time.monotonic() > notice_at:
                 notice_at = float("inf")
                 say(f"starting a worker group of {self.key[0]} rank(s) on {self.key[1]} "
-                    f"(log {log_path}; gives up after {timeout_s:.0f} s, --trial-timeout)")  # fmt: skip
+                    f"(log {log_path}; gives up after {timeout_s:.0f} s, --trial-timeout-s)")  # fmt: skip
             if done_path(self.folder, index).exists():
                 returncode = 0
                 break
@@ -118,7 +118,7 @@ def _stuck_message(plan: Plan, settings: TrialSettings, report: RunReport, stage
     lines = [line.strip() for line in report.stderr_tail.splitlines() if line.strip()]
     last = f"; its last output: {lines[-1][:200]}" if lines else "; it printed nothing"
     return (f"a worker group of {plan.world_size} rank(s) on {settings.device} did not reach "
-            f"{stage} within --trial-timeout {settings.timeout_s:.0f} s (a model import, "
+            f"{stage} within --trial-timeout-s {settings.timeout_s:.0f} s (a model import, "
             f"rendezvous or build lock that hangs?){last}")  # fmt: skip
 
 

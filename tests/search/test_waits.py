@@ -124,7 +124,7 @@ def test_a_model_that_hangs_in_the_ranks_ends_at_the_start_up_deadline(tmp_path:
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("autotune: a worker group of 1 rank(s) on cpu did not reach its first "
-                           "step within --trial-timeout 15 s")  # fmt: skip
+                           "step within --trial-timeout-s 15 s")  # fmt: skip
     # Nothing left running: no process started with a folder of this test's TMPDIR.
     assert [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp) in " ".join(
         p.info["cmdline"] or [])] == []  # fmt: skip
