@@ -183,7 +183,8 @@ class AgentRunner(TrialRunner):
             if len(took) < self.nnodes:
                 notice.due(f"launch {job['id']}: {len(took)} of {self.nnodes} node(s) took it; "
                            f"waiting up to {self.join_timeout_s:.0f} s (--join-timeout-s) for an "
-                           f"`autotune agent --study {self.study_name}` on each of the others")  # fmt: skip
+                           f"agent (autotune agent --study {self.study_name}) on each of the "
+                           "others")  # fmt: skip
             time.sleep(self.poll_s)
         return merge_reports(reports, job, time.monotonic() - start, took)
 
@@ -296,8 +297,8 @@ def _wait_for_study(storage: str | None, name: str, timeout_s: float, poll_s: fl
                 ) from None
             if not told:
                 told = True
-                tell(f"study {name} is not in {redact(url)} yet (its `autotune tune` creates it "
-                     f"after profiling): waiting up to {timeout_s:.0f} s")  # fmt: skip
+                tell(f"study {name} is not in {redact(url)} yet (the asker, autotune tune, "
+                     f"creates it after profiling): waiting up to {timeout_s:.0f} s")  # fmt: skip
         except Exception as exc:  # unreachable server, wrong host, bad credentials
             if not lost_a_race(exc):  # agents starting together race to create the schema
                 raise storage_error(url, exc) from None

@@ -125,7 +125,7 @@ def test_an_agent_started_before_its_study_says_what_it_waits_for_and_until_when
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert lines == [
-        f"autotune agent: study s is not in {url} yet (its `autotune tune` creates it after "
-        "profiling): waiting up to 1 s",
+        f"autotune agent: study s is not in {url} yet (the asker, autotune tune, creates it "
+        "after profiling): waiting up to 1 s",
         f"autotune: --study s: not in {url} after 1 s",
     ]

@@ -126,6 +126,6 @@ def test_a_node_that_never_joins_times_out_and_the_search_goes_on(
         assert trial["outcome"] == "timeout" and trial["state"] == "failed"
         assert "1 of 2 node(s) never joined the rendezvous" in trial["reason"]
     # the asker said what it waited for while it waited
-    assert ("of 2 node(s) took it; waiting up to 5 s (--join-timeout-s) for an `autotune agent "
-            "--study one-node-missing` on each of the others") in done.stderr  # fmt: skip
+    assert ("of 2 node(s) took it; waiting up to 5 s (--join-timeout-s) for an agent (autotune "
+            "agent --study one-node-missing) on each of the others") in done.stderr  # fmt: skip
     assert record["recommendation"] is None
