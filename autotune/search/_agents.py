@@ -42,7 +42,7 @@ from autotune.search import _study
 from autotune.search._records import RunReport
 from autotune.search._runner import SubprocessRunner, TrialRunner, torchrun_logs
 from autotune.search._storage_errors import lost_a_race, storage_error
-from autotune.search._waits import Notice
+from autotune.search._waits import Notice, say
 
 JOB_KEY = "autotune:job"
 REPORT_PREFIX = "autotune:report:"
@@ -180,11 +180,10 @@ class AgentRunner(TrialRunner):
                 break
             if time.monotonic() > joined_by and len(took) < self.nnodes:
                 break
-            if len(took) < self.nnodes:
-                notice.due(f"launch {job['id']}: {len(took)} of {self.nnodes} node(s) took it; "
-                           f"waiting up to {self.join_timeout_s:.0f} s (--join-timeout-s) for an "
-                           f"agent (autotune agent --study {self.study_name}) on each of the "
-                           "others")  # fmt: skip
+            if len(took) < self.nnodes and notice.due():
+                say(f"launch {job['id']}: {len(took)} of {self.nnodes} node(s) took it; waiting "
+                    f"up to {self.join_timeout_s:.0f} s (--join-timeout-s) for an agent "
+                    f"(autotune agent --study {self.study_name}) on each of the others")  # fmt: skip
             time.sleep(self.poll_s)
         return merge_reports(reports, job, time.monotonic() - start, took)
 

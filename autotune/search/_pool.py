@@ -39,7 +39,7 @@ from autotune.search._runner import (
     kill_group,
     read_result,
 )
-from autotune.search._waits import NOTICE_AFTER_S, say
+from autotune.search._waits import Notice, say
 
 STARTS_BEFORE_GIVING_UP = 2
 """Trials of one rank count that may time out before their first step, while none of that
@@ -75,10 +75,9 @@ class _Group:
         start = time.monotonic()
         returncode: int | None = None
         timed_out = False
-        notice_at = start + NOTICE_AFTER_S if index == 0 else float("inf")
+        notice = Notice()
         while True:
-            if time.monotonic() > notice_at:
-                notice_at = float("inf")
+            if index == 0 and notice.due():
                 say(f"starting a worker group of {self.key[0]} rank(s) on {self.key[1]} "
                     f"(log {log_path}; gives up after {timeout_s:.0f} s, --trial-timeout-s)")  # fmt: skip
             if done_path(self.folder, index).exists():

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from autotune.records import ProfileRecord, TimedSteps
 from autotune.search import _study
-from autotune.search._waits import Notice
+from autotune.search._waits import Notice, say
 
 ATTR = "autotune:profiles"
 """The study user attribute holding ``{profile, by}`` (the profile carrying its timed second
@@ -72,8 +72,9 @@ def shared_profiles(
             if stored is not None:
                 return stored, (f"profiles read from the study (measured by {stored.by}, who "
                                 "claimed them first): this worker's own are not used")  # fmt: skip
-            notice.due(f"waiting up to {wait_s:.0f} s for the study's profiles from the "
-                       "worker that claimed them")  # fmt: skip
+            if notice.due():
+                say(f"waiting up to {wait_s:.0f} s for the study's profiles from the worker "
+                    "that claimed them")  # fmt: skip
             time.sleep(0.2)
         return mine, (f"the study's profiles were claimed but not stored within {wait_s:.0f} s: "
                       "this worker predicts with its own")  # fmt: skip

@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from autotune.search import _study
-from autotune.search._waits import Notice
+from autotune.search._waits import Notice, say
 
 
 class Heartbeat:
@@ -88,9 +88,9 @@ def settle(study: Any, notes: list[str], max_wait_s: float, poll_s: float | None
         running = study.get_trials(deepcopy=False, states=(State.RUNNING,))
         if not running:
             return False
-        notice.due(f"waiting up to {max_wait_s:.0f} s for trial(s) "
-                   f"{_workers(running)} of other workers to finish, so that every worker "
-                   "recommends from the same trials")  # fmt: skip
+        if notice.due():
+            say(f"waiting up to {max_wait_s:.0f} s for trial(s) {_workers(running)} of other "
+                "workers to finish, so that every worker recommends from the same trials")  # fmt: skip
         if time.monotonic() > deadline:
             numbers = ", ".join(str(t.number) for t in running)
             notes.append(

@@ -21,7 +21,7 @@ from autotune.search._storage_errors import (
     lost_a_race,
     storage_error,
 )
-from autotune.search._waits import Notice
+from autotune.search._waits import Notice, say
 
 DEFAULT_STORAGE = "autotune-tune.db"
 STORAGE_ENV = "AUTOTUNE_STORAGE"
@@ -308,9 +308,10 @@ def wait_for_earlier_plans(study: Any, number: int, poll_s: float = 0.02) -> Non
         unnamed = [t.number for t in running if t.number < number and "plan" not in t.user_attrs]
         if not unnamed:
             return
-        notice.due(f"trial {number} waits up to {wait:.0f} s for trial(s) "
-                   f"{', '.join(map(str, unnamed))} of other workers to name their plans, so "
-                   "that two workers do not run one plan")  # fmt: skip
+        if notice.due():
+            say(f"trial {number} waits up to {wait:.0f} s for trial(s) "
+                f"{', '.join(map(str, unnamed))} of other workers to name their plans, so that "
+                "two workers do not run one plan")  # fmt: skip
         time.sleep(poll_s)
 
 

@@ -27,18 +27,19 @@ def say(message: str) -> None:
 
 
 class Notice:
-    """Tells one line (:func:`say`) once a wait has lasted :data:`NOTICE_AFTER_S`; a shorter
-    wait says nothing."""
+    """When a wait, begun at its making, says what it waits for: once, after
+    :data:`NOTICE_AFTER_S`; a shorter wait says nothing. The caller builds its line only then
+    (``if notice.due(): say(...)``), so a poll loop pays nothing for it."""
 
-    def __init__(self, tell: Callable[[str], None] = say) -> None:
+    def __init__(self) -> None:
         self._at = time.monotonic() + NOTICE_AFTER_S
-        self._tell = tell
 
-    def due(self, message: str) -> None:
-        """Tell ``message`` if the wait has lasted long enough and was not told yet."""
-        if time.monotonic() >= self._at:
-            self._at = float("inf")
-            self._tell(message)
+    def due(self) -> bool:
+        """``True`` once: the first call after the wait has lasted long enough."""
+        if time.monotonic() < self._at:
+            return False
+        self._at = float("inf")
+        return True
 
 
 def host_lock_deadline(timeout_s: float) -> float:
@@ -84,8 +85,7 @@ def take_flock(
     Raises:
         AutotuneError: the deadline passed (one line: the file, its holder, what to do).
     """
-    start = time.monotonic()
-    told = False
+    start, notice = time.monotonic(), Notice()
     while True:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,8 +93,7 @@ def take_flock(
         except BlockingIOError:
             pass
         waited = time.monotonic() - start
-        if not told and waited >= NOTICE_AFTER_S:
-            told = True
+        if notice.due():
             limit = f"; gives up after {deadline_s:.0f} s" if deadline_s is not None else ""
             tell(f"waiting for the lock {path}{_held_by(handle)} ({what}){limit}")
         if deadline_s is not None and waited >= deadline_s:
