@@ -25,12 +25,29 @@ def _check(
     tmp_path: Path, *args: str, timeout: float = 900
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The smoke run started outside the repository with a relative ``--out rel/R.md``: what
-    it writes (its commands run in the repository) lands under the caller's ``rel/``."""
+    it writes (its commands run in the repository) lands under the caller's ``rel/``. Every
+    process it starts inherits ``MARK`` set to ``tmp_path``, so :func:`_left` finds them."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", "rel/R.md", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=elsewhere)  # fmt: skip
+                          capture_output=True, text=True, timeout=timeout, cwd=elsewhere,
+                          env={**os.environ, MARK: str(tmp_path)})  # fmt: skip
     return done, elsewhere / "rel" / "R.md"
+
+
+MARK = "GPU_CHECK_TEST_RUN"
+
+
+def _left(tmp_path: Path) -> list[list[str]]:
+    """The command lines of live processes that one ``_check(tmp_path, ...)`` started: those
+    whose environment carries its mark, whatever their session (another check running on
+    the machine at the same time has another mark)."""
+    left = []
+    for process in psutil.process_iter(["cmdline", "environ", "status"]):
+        environ = process.info["environ"] or {}
+        if environ.get(MARK) == str(tmp_path) and process.info["status"] != psutil.STATUS_ZOMBIE:
+            left.append(process.info["cmdline"])
+    return left
 
 
 def _table(markdown: str, header: str) -> list[list[str]]:
@@ -90,10 +107,7 @@ def test_a_short_time_limit_stops_the_check_with_what_it_has(tmp_path: Path) -> 
     assert "stopped at the time limit" in markdown and "## Not run, or failed" in markdown
     assert "## 1. `pytest -m gpu`" in markdown  # what ran before the limit is kept
     assert "autotune tune: not run" in markdown
-    mine = (str(tmp_path), "gpu_check_model.py")
-    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
-            if any(part in " ".join(p.info["cmdline"] or []) for part in mine)]  # fmt: skip
-    assert left == []
+    assert _left(tmp_path) == []
 
 
 @pytest.mark.parametrize("own_session", [False, True])
