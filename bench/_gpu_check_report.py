@@ -145,6 +145,8 @@ class Results:
     device_memory: int | None = None
     wall_s: float = 0.0
     stopped: bool = False
+    signal: str | None = None
+    """The signal that stopped the check before its steps were done (``SIGINT``, ``SIGTERM``)."""
     pytest: PytestResult | None = None
     commands: dict[str, str] = field(default_factory=dict)
     traced: dict[PlanKey, int] = field(default_factory=dict)
@@ -325,9 +327,15 @@ def _tune_section(tune: TuneFigures) -> list[str]:
     return [*lines, ""]
 
 
+def _status(results: Results) -> str:
+    if results.signal is not None:
+        return f"stopped by {results.signal}"
+    return "stopped at the time limit" if results.stopped else "complete"
+
+
 def markdown(results: Results) -> str:
     """The whole results page."""
-    status = "stopped at the time limit" if results.stopped else "complete"
+    status = _status(results)
     lines = ["# GPU check", "",
              "Written by `bench/gpu_check.py`; every figure below is what that run measured "
              "(timings from one run each, not repeats).", "", "| | |", "|---|---|",
@@ -383,7 +391,7 @@ def write(results: Results, out: Path) -> None:
 
 def summary(results: Results, out: Path) -> str:
     """The check's last line."""
-    status = "stopped at the time limit" if results.stopped else "complete"
+    status = _status(results)
     failures = results.failures()
     told = f"{len(failures)} failed: " + "; ".join(failures) if failures else "nothing failed"
     return f"gpu-check: {status} in {results.wall_s:.0f} s; {told}; wrote {out}"

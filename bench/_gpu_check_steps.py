@@ -106,6 +106,9 @@ class Run:
                 out, _ = proc.communicate()
                 code = None
                 self.stopped = self.stopped or self.left() < 10
+            except BaseException:  # SIGINT or SIGTERM to the check: the child cleans up first
+                _stop(proc)
+                raise
         return Done(code, out or "", time.monotonic() - start, log)
 
     def sweep(self) -> list[int]:

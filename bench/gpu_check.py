@@ -15,7 +15,8 @@ model (what tests/bench/test_gpu_check.py runs).
 Run (GPU):   bash bench/gpu_check.sh [--time-limit 480] [--out FILE]
 Run (CPU):   python bench/gpu_check.py --smoke --out /tmp/gpu-check/RESULTS-gpu.md
 Paths (``--out``, ``--work-dir``) are read from the directory it is started in, any directory.
-Exit status: 0 all ran and passed; 1 a check failed; 2 bad input; 3 stopped at the time limit.
+Exit status: 0 all ran and passed; 1 a check failed; 2 bad input; 3 stopped at the time limit;
+130 / 143 stopped by SIGINT / SIGTERM (each writes what ran and kills every process it started).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pathlib import Path
 
 import _gpu_check_report as report
 import _gpu_check_steps as steps
+
+from autotune.records import Terminated, sigterm_unwinds
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = [key for key, _, _ in steps.STEPS]
@@ -155,14 +158,24 @@ def main(argv: list[str] | None = None) -> int:
         device_memory=report.device_memory(config.device),
     )  # fmt: skip
     os.environ.update(run.child_env())
+    code = 0
     try:
-        _run_steps(run, results, out, _only(args))
-    finally:
+        with sigterm_unwinds():
+            _run_steps(run, results, out, _only(args))
+    except (KeyboardInterrupt, Terminated) as exc:
+        code, results.signal = (130, "SIGINT") if isinstance(exc, KeyboardInterrupt) else (
+            exc.exit_code, "SIGTERM")  # fmt: skip
+        results.skipped.append(
+            f"stopped by {results.signal}: the step running then did not finish, and no later step ran"
+        )
+    finally:  # trial workers run in their own sessions: a signal to the check alone misses them
         left = run.sweep()
         results.skipped += [f"process {pid} outlived its step: killed" for pid in left]
     results.stopped, results.wall_s = run.stopped, run.elapsed()
     report.write(results, out)
     print(report.summary(results, out))
+    if code:
+        return code
     if run.stopped:
         return 3
     return 1 if results.failures() else 0

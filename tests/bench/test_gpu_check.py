@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,16 +39,23 @@ def _check(
 MARK = "GPU_CHECK_TEST_RUN"
 
 
+def _marked(tmp_path: Path) -> list[psutil.Process]:
+    """The live processes one ``_check(tmp_path, ...)`` started: those whose environment
+    carries its mark, whatever their session (another check running on the machine at the
+    same time has another mark)."""
+    return [process for process in psutil.process_iter(["cmdline", "environ", "status"])
+            if (process.info["environ"] or {}).get(MARK) == str(tmp_path)
+            and process.info["status"] != psutil.STATUS_ZOMBIE]  # fmt: skip
+
+
 def _left(tmp_path: Path) -> list[list[str]]:
-    """The command lines of live processes that one ``_check(tmp_path, ...)`` started: those
-    whose environment carries its mark, whatever their session (another check running on
-    the machine at the same time has another mark)."""
-    left = []
-    for process in psutil.process_iter(["cmdline", "environ", "status"]):
-        environ = process.info["environ"] or {}
-        if environ.get(MARK) == str(tmp_path) and process.info["status"] != psutil.STATUS_ZOMBIE:
-            left.append(process.info["cmdline"])
-    return left
+    """The command lines of :func:`_marked`'s processes, killed once read (a failing test
+    leaves nothing running)."""
+    left = _marked(tmp_path)
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    return [process.info["cmdline"] for process in left]
 
 
 def _table(markdown: str, header: str) -> list[list[str]]:
@@ -108,6 +116,33 @@ def test_a_short_time_limit_stops_the_check_with_what_it_has(tmp_path: Path) -> 
     assert "## 1. `pytest -m gpu`" in markdown  # what ran before the limit is kept
     assert "autotune tune: not run" in markdown
     assert _left(tmp_path) == []
+
+
+def test_sigterm_stops_the_check_with_every_process_it_started(tmp_path: Path) -> None:
+    """The steps' children run in their own sessions (so a deadline can stop each with its
+    group): a SIGTERM to the check alone reaches none of them, and they ran on after it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    check = subprocess.Popen([sys.executable, str(SCRIPT), "--smoke", "--only", "sharded",
+                              "--out", "rel/R.md"], cwd=elsewhere, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env={**os.environ, MARK: str(tmp_path)})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(_marked(tmp_path)) < 2:  # the check and its step's child
+            assert check.poll() is None and time.monotonic() < deadline, "the step never started"
+            time.sleep(0.2)
+        time.sleep(2)  # the step's own children start
+        check.send_signal(signal.SIGTERM)
+        out, _ = check.communicate(timeout=60)
+    finally:
+        check.kill()
+        left = _left(tmp_path)
+    assert check.returncode == 143, out
+    assert "gpu-check: stopped by SIGTERM" in out
+    markdown = (elsewhere / "rel" / "R.md").read_text()
+    assert "stopped by SIGTERM" in markdown and "## Not run, or failed" in markdown
+    assert left == []
 
 
 @pytest.mark.parametrize("own_session", [False, True])
