@@ -248,6 +248,7 @@ def _notes(builder: FactBuilder, plan: Plan) -> list[str]:
     changed = _global_batch_note(builder.global_batch, plan)
     if changed:
         notes.append(changed)
+    notes.extend(_unfit_note(builder, plan))
     notes.extend(_slower_note(builder, plan))
     notes.extend(f"not used as evidence: the profile's {figure}, {why}"
                  for figure, why in builder.flags.items())  # fmt: skip
@@ -272,6 +273,15 @@ def _global_batch_note(target: int | None, plan: Plan) -> str | None:
     return f"global batch not kept: target {target}, {gives}: {why}"
 
 
+def _unfit_note(builder: FactBuilder, plan: Plan) -> list[str]:
+    """That the final plan is predicted not to fit either, where it is."""
+    facts, usable = builder.facts(plan), builder.machine.usable
+    if facts.fits is not False or facts.peak_bytes is None or usable is None:
+        return []
+    return [f"the final plan is predicted not to fit: peak {format_bytes(facts.peak_bytes)} over "
+            f"the usable {format_bytes(usable)}; no rule of the policy reaches the budget"]  # fmt: skip
+
+
 def _slower_note(builder: FactBuilder, plan: Plan) -> list[str]:
     """Why the final plan is predicted slower than the baseline (per sample), when it is."""
     baseline = builder.baseline
@@ -282,7 +292,9 @@ def _slower_note(builder: FactBuilder, plan: Plan) -> list[str]:
     ratio = (after / plan.global_batch) / (before / baseline.global_batch)
     if ratio <= 1.0:
         return []
-    if builder.facts(builder.baseline).fits is False:
+    if builder.facts(plan).fits is False:
+        why = "what it changes lowers the peak, though not under the budget"
+    elif builder.facts(builder.baseline).fits is False:
         why = "it exists to fit: the baseline is predicted not to"
     else:
         why = "the baseline is predicted to fit, so a change here costs speed"
