@@ -121,6 +121,9 @@ def render(record: object) -> None:
         console.print(head, soft_wrap=True, highlight=False)
         console.print("\n".join(lines), soft_wrap=True, markup=False, highlight=False)
     console.print(f"final plan: {record.final_plan.describe()}", markup=False, soft_wrap=True)
+    if record.final_predicted is not None:
+        console.print(f"  predicted against the baseline: {_predicted(record.final_predicted)}",
+                      markup=False, soft_wrap=True)  # fmt: skip
     for note in record.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
 

@@ -108,6 +108,7 @@ def suggest(
         global_batch_kept=_global_batch_note(global_batch, plan) is None,
         suggestions=[_with_fsdp2(s, framework) for s in suggestions],
         final_plan=plan,
+        final_predicted=_predict(builder, builder.facts(builder.baseline), builder.baseline, plan),
         notes=_notes(builder, plan),
         framework=framework,
     )

@@ -111,5 +111,10 @@ class SuggestRecord(Record):
     )
     suggestions: list[Suggestion]
     final_plan: Plan
+    final_predicted: Predicted | None = Field(
+        default=None,
+        description="the final plan against the baseline: peak, fit, seconds per step and "
+        "samples/s per device (with no suggestion, the baseline's own figures)",
+    )
     notes: list[str] = Field(default_factory=list)
     framework: str | None = Field(None, description="the user's framework, when given")

@@ -78,3 +78,23 @@ def test_estimate_prints_seconds_and_samples_per_device(tmp_path: Path) -> None:
     assert f"s/step's interval: x{low:g} to x{high:g}" in " ".join(shown.stdout.split())
     rows = [line.split("│") for line in shown.stdout.splitlines() if "│" in line]
     assert any(cell.strip() == "8" for row in rows for cell in row)
+
+
+def test_with_nothing_to_suggest_the_final_plan_still_states_its_time(tmp_path: Path) -> None:
+    """The profiled plan on the profiled machine: its predicted seconds are the profile's own
+    measured step, and `suggest` prints them although no rule applies."""
+    profile = _profile()
+    record = suggest(profile, machine=Machine(device_memory=100 * 2**30))
+    assert record.suggestions == [] and record.final_plan == record.baseline
+    final = record.final_predicted
+    assert final is not None and final.fits_after
+    assert final.step_seconds_after == pytest.approx(profile.time.step, rel=1e-9)
+    assert final.samples_per_s_per_device_after == pytest.approx(profile.throughput.samples_per_s)
+    shown = runner.invoke(app, ["suggest", str(_saved(tmp_path, profile)), "--device-memory",
+                                "100GiB"], env={"COLUMNS": "400"})  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    low, high = (profile.time.step * bound for bound in STEP_SECONDS_BAND)
+    assert "nothing to suggest" in text
+    assert "predicted against the baseline: peak" in text
+    assert f"{profile.time.step:.3g} s per step [{low:.3g}, {high:.3g}]" in text
