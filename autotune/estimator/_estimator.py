@@ -298,17 +298,34 @@ def cpu_core_share(facts: ModelFacts, plan: Plan) -> float:
     profile ran on (as the trial launcher sets ``OMP_NUM_THREADS``). Where the profile measured
     one thread against its own (``one_thread_over_all``), by Amdahl's law through those two
     points (a serial share of the work that threads do not split); else linear in threads.
+    Ranks whose threads outnumber the node's cores take turns on them (:func:`core_turns`).
     1 on a GPU (a device per rank) or where the threads were not recorded."""
     base = facts.baseline
     threads = base.threads if base else None
     if facts.device_type != "cpu" or not threads or base is None:
         return 1.0
     rank = max(1, threads // plan.nproc_per_node)
+    turns = core_turns(facts, plan)
     ratio = base.one_thread_over_all
     if ratio is None or threads == 1 or rank == threads:
-        return threads / rank
+        return threads / rank * turns
     serial = min(max((threads / ratio - 1) / (threads - 1), 0.0), 1.0)
-    return (serial + (1 - serial) / rank) / (serial + (1 - serial) / threads)
+    return (serial + (1 - serial) / rank) / (serial + (1 - serial) / threads) * turns
+
+
+def core_turns(facts: ModelFacts, plan: Plan) -> float:
+    """How many ranks' threads take turns on each core of a CPU node: a node's ranks, each on
+    ``threads // ranks`` threads (at least one), over the cores the profile could run on (its
+    threads where those were not recorded and it ran on several); 1 where they do not
+    outnumber the cores, or nothing says how many there are."""
+    base = facts.baseline
+    if facts.device_type != "cpu" or base is None or not base.threads:
+        return 1.0
+    cores = base.cores or (base.threads if base.threads > 1 else None)
+    if cores is None:
+        return 1.0
+    busy = plan.nproc_per_node * max(1, base.threads // plan.nproc_per_node)
+    return max(1.0, busy / cores)
 
 
 def steps_on_host(plan: Plan) -> bool:
@@ -425,6 +442,10 @@ def estimate_plan(
         if base is not None and base.one_thread_over_all is not None:
             scaling = (f"Amdahl's law through the profile's own: one thread took "
                        f"x{base.one_thread_over_all:.2f} the time of its {base.threads}")  # fmt: skip
+        turns = core_turns(facts, plan)
+        if turns > 1.0:
+            scaling += (f"; {plan.nproc_per_node} ranks take turns on the cores, "
+                        f"x{turns:.3g}")  # fmt: skip
         notes.append(
             f"on a CPU device the node's {plan.nproc_per_node} ranks share the cores the profile "
             f"ran on: each rank's compute is taken as x{share:.3g} the profile's ({scaling})"

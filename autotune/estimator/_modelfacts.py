@@ -111,6 +111,9 @@ class Baseline(_Record):
     threads: int | None = Field(
         default=None, description="the CPU threads the measured steps ran on (a CPU device)"
     )
+    cores: int | None = Field(
+        default=None, description="the CPU cores the profiling process could run on"
+    )
     one_thread_over_all: float | None = Field(
         default=None,
         gt=0,
@@ -270,6 +273,7 @@ def facts_from_profile(profile: ProfileRecord) -> ModelFacts:
             tokens_per_s=profile.throughput.tokens_per_s,
             host_adam_per_s=profile.environment.host_adam_per_s,
             threads=profile.environment.threads,
+            cores=profile.environment.cores,
             one_thread_over_all=time.one_thread_over_all,
             bf16_speed_ratio=bf16_ratio(profile),
             bf16_over_fp32=time.bf16_over_fp32,

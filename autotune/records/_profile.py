@@ -297,6 +297,11 @@ class Environment(_Record):
         description="torch's intra-op threads the measured steps ran on (a CPU device's share "
         "of its cores); None: not recorded",
     )
+    cores: int | None = Field(
+        default=None,
+        description="the CPU cores the profiling process could run on (its affinity): what a "
+        "node's ranks share on a CPU device; None: not recorded",
+    )
     host_adam_per_s: float | None = Field(
         default=None,
         description="elements per second torch's fused Adam steps on this machine's CPU (a "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -789,6 +790,7 @@ def _environment(
         capabilities=capabilities,
         nvml=timings.nvml,
         threads=torch.get_num_threads(),
+        cores=len(os.sched_getaffinity(0)),
         host_adam_per_s=host.host_adam_rate(),
         memory_bandwidth_bytes_per_s=links.memory_bytes_per_s,
         pcie_gbps=links.pcie_gbps,
