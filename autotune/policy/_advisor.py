@@ -275,7 +275,7 @@ def _global_batch_note(target: int | None, plan: Plan) -> str | None:
 
 
 def _unfit_note(builder: FactBuilder, plan: Plan) -> list[str]:
-    """That the final plan is predicted not to fit either, where it is."""
+    """That the final plan is predicted not to fit, where it is."""
     facts, usable = builder.facts(plan), builder.machine.usable
     if facts.fits is not False or facts.peak_bytes is None or usable is None:
         return []
@@ -293,9 +293,11 @@ def _slower_note(builder: FactBuilder, plan: Plan) -> list[str]:
     ratio = (after / plan.global_batch) / (before / baseline.global_batch)
     if ratio <= 1.0:
         return []
-    if builder.facts(plan).fits is False:
-        why = "what it changes lowers the peak, though not under the budget"
-    elif builder.facts(builder.baseline).fits is False:
+    final, first = builder.facts(plan), builder.facts(baseline)
+    if final.fits is False and final.peak_bytes is not None and first.peak_bytes is not None:
+        why = (f"its changes take the peak from {format_bytes(first.peak_bytes)} to "
+               f"{format_bytes(final.peak_bytes)}, still over the budget")  # fmt: skip
+    elif first.fits is False:
         why = "it exists to fit: the baseline is predicted not to"
     else:
         why = "the baseline is predicted to fit, so a change here costs speed"

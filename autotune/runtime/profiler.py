@@ -790,7 +790,7 @@ def _environment(
         capabilities=capabilities,
         nvml=timings.nvml,
         threads=torch.get_num_threads(),
-        cores=len(os.sched_getaffinity(0)),
+        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         host_adam_per_s=host.host_adam_rate(),
         memory_bandwidth_bytes_per_s=links.memory_bytes_per_s,
         pcie_gbps=links.pcie_gbps,

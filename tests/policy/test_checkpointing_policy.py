@@ -162,3 +162,5 @@ def test_a_final_plan_that_does_not_fit_says_so() -> None:
                      f"usable {format_bytes(states // 2 * 0.9)}; no rule of the policy reaches "
                      "the budget"]  # fmt: skip
     assert not any("it exists to fit" in note for note in record.notes)
+    (slower,) = [note for note in record.notes if "the baseline's time per sample" in note]
+    assert slower.endswith(f" to {format_bytes(peak)}, still over the budget")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from _models import TINY_MLP_FILE
@@ -41,6 +42,8 @@ def test_json_output_is_only_the_record_and_matches_the_file(
     assert record.model.block_stack is not None and record.model.block_stack.path == "blocks"
     assert record.model.block_stack.count == 4
     assert record.environment.nvml is None and "nvml" in record.environment.unavailable
+    # the cores a node's ranks share (estimate: ranks beyond them take turns), read by psutil
+    assert record.environment.cores == len(psutil.Process().cpu_affinity())
     assert record.compute.peak_source == "measured_matmul"
     assert (
         record.provenance.model_sha256 == load_model_file(examples_dir / "mlp_dataloader.py").sha256
