@@ -162,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_unwinds():
             _run_steps(run, results, out, _only(args))
-    except (KeyboardInterrupt, Terminated) as exc:
-        code, results.signal = (130, "SIGINT") if isinstance(exc, KeyboardInterrupt) else (
-            exc.exit_code, "SIGTERM")  # fmt: skip
-        results.skipped.append(
-            f"stopped by {results.signal}: the step running then did not finish, and no later step ran"
-        )
+    except KeyboardInterrupt:
+        code, results.signal = 130, "SIGINT"
+    except Terminated as exc:
+        code, results.signal = exc.exit_code, "SIGTERM"
     finally:  # trial workers run in their own sessions: a signal to the check alone misses them
+        if results.signal is not None:
+            results.skipped.append(f"stopped by {results.signal}: the step running then did "
+                                   "not finish, and no later step ran")  # fmt: skip
         left = run.sweep()
         results.skipped += [f"process {pid} outlived its step: killed" for pid in left]
     results.stopped, results.wall_s = run.stopped, run.elapsed()
